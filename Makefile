@@ -1,0 +1,37 @@
+# preheat: the two set-up commands are `make demo` and `make test` (see README.md).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit sysdeps venv clean bench
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+sysdeps:
+	bash scripts/install-sysdeps.sh
+
+# The main job: a local demo of the whole story (warm caches, gated deploy, routing).
+demo: venv
+	$(VENV)/bin/preheat demo
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+# Everything CI runs: system servers, the venv, linters, the whole test suite.
+test: sysdeps venv lint
+	$(VENV)/bin/pytest -q tests
+
+unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Artifact references and manifests (pure: no I/O)."""

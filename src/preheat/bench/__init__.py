@@ -1,0 +1,1 @@
+"""Workloads and experiment runners shared by benchmarks and the demo."""

@@ -1,0 +1,1 @@
+"""The controller: endpoint spec, pure planner, placement, rollout."""

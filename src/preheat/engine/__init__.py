@@ -1,0 +1,1 @@
+"""The simulated inference engine: a pure core and an aiohttp server."""

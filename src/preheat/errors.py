@@ -1,0 +1,106 @@
+"""The exception tree of preheat.
+
+    PreheatError
+    ├── ConfigError(PreheatError, ValueError)        bad user input at an edge (CLI, YAML, HTTP body)
+    ├── CacheError                                   node store
+    │   ├── DigestMismatch(CacheError, ValueError)   bytes do not match the manifest digest
+    │   ├── UnsafePath(CacheError, ValueError)       manifest path escapes the store root
+    │   ├── InsufficientSpace(CacheError, OSError)   not enough room even after eviction
+    │   └── SnapshotNotFound(CacheError, KeyError)
+    ├── FetchError                                   talking to an origin
+    │   ├── OriginUnavailable(FetchError, ConnectionError)
+    │   ├── ObjectNotFound(FetchError, FileNotFoundError)
+    │   └── TruncatedBody(FetchError, IOError)
+    ├── EngineError                                  simulated engine
+    ├── RouterError                                  router
+    │   └── NoHealthyInstance(RouterError)
+    └── ControlError                                 controller / fleet
+
+Each area adds its own subclasses below its heading; third-party errors are translated
+with ``raise ... from exc`` so callers only ever catch preheat's tree (or a builtin).
+"""
+
+from __future__ import annotations
+
+
+class PreheatError(Exception):
+    """Base of every error preheat raises on purpose."""
+
+
+class ConfigError(PreheatError, ValueError):
+    """Invalid user input; the message names the bad value and the fix."""
+
+
+# --- node store -------------------------------------------------------------------------
+
+
+class CacheError(PreheatError):
+    """A node store operation failed."""
+
+
+class DigestMismatch(CacheError, ValueError):
+    """Fetched bytes do not match the digest the manifest promised."""
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        super().__init__(
+            f"digest mismatch for {path!r}: expected sha256:{expected}, got sha256:{actual}"
+        )
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class UnsafePath(CacheError, ValueError):
+    """A manifest path would escape the store (absolute, '..', or a link)."""
+
+
+class InsufficientSpace(CacheError, OSError):
+    """The store cannot hold a fill even after evicting everything evictable."""
+
+
+class SnapshotNotFound(CacheError, KeyError):
+    """No snapshot with that revision or digest is in the store."""
+
+
+# --- origins ----------------------------------------------------------------------------
+
+
+class FetchError(PreheatError):
+    """Fetching from an origin failed."""
+
+
+class OriginUnavailable(FetchError, ConnectionError):
+    """The origin could not be reached, or kept failing after retries."""
+
+
+class ObjectNotFound(FetchError, FileNotFoundError):
+    """The origin answered that the object does not exist."""
+
+
+class TruncatedBody(FetchError, IOError):
+    """The origin closed the body before the promised length."""
+
+
+# --- engine -----------------------------------------------------------------------------
+
+
+class EngineError(PreheatError):
+    """The simulated engine could not do what was asked."""
+
+
+# --- router -----------------------------------------------------------------------------
+
+
+class RouterError(PreheatError):
+    """The router could not do what was asked."""
+
+
+class NoHealthyInstance(RouterError):
+    """No instance of the variant is healthy and below its limits."""
+
+
+# --- controller -------------------------------------------------------------------------
+
+
+class ControlError(PreheatError):
+    """The controller could not reconcile an endpoint."""

@@ -1,0 +1,1 @@
+"""Container image cache on a node (OCI registry client)."""

@@ -1,0 +1,1 @@
+"""The prefix-aware router: pure prefix keys and policies, and the HTTP proxy."""

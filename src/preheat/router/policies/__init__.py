@@ -1,0 +1,1 @@
+"""Routing policies, one module each, behind one Policy protocol (pure)."""

@@ -1,0 +1,1 @@
+"""Where replicas run: local processes (and Kubernetes manifests)."""

@@ -1,0 +1,1 @@
+"""Origins that resolve a ref to a manifest and serve byte ranges: file, HTTP, S3."""

@@ -1,0 +1,1 @@
+"""The node-local content-addressed model store."""

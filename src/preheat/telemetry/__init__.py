@@ -1,0 +1,1 @@
+"""Start records, event classes, statistics, Prometheus export and reports."""
