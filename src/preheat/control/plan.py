@@ -1,0 +1,153 @@
+"""The pure reconcile step: desired spec + observed state -> actions.
+
+Order of concerns in one tick (the returned actions keep this order, and the executor
+runs them in it):
+
+1. **Lost nodes.** Replicas on a node that is down are stopped (their router entries go
+   with them); the steps below then see fewer replicas and replace them elsewhere.
+2. **Rollback.** A new revision whose replica failed for good while a stable revision
+   exists is marked failed (``rollout.py``).
+3. **Warm.** When ``modelCacheConfig.weights`` is enabled, every up *target* node gets a
+   ``Warm`` for each variant's effective revision it does not hold yet; a failed warm-up
+   (origin unreachable) is retried once its ``retry_at`` has passed; a node that cannot
+   hold the model (``unfit``) is left out and reported.
+4. **Gate.** Replicas of a revision are not created until ``minReady`` target nodes hold
+   it (default: every target node that can hold it). The gate opens once per revision
+   and stays open (a later node loss does not stop scaling). After
+   ``timeoutSeconds`` of waiting it opens anyway, and says so.
+5. **Replicas.** Scale and roll per variant (``rollout.py``), placing new replicas on
+   warm nodes first (``placement.py``).
+6. **Clean-up.** A revision on a node that no variant wants and no replica uses any more
+   is deleted from that node (after a rollout: the old version's cache).
+"""
+
+from __future__ import annotations
+
+from preheat.control.rollout import effective_revision, rollback_needed, step_variant
+from preheat.control.state import (
+    Action,
+    DeleteRevision,
+    Desired,
+    Notice,
+    Observed,
+    OpenGate,
+    StopReplica,
+    VariantStatus,
+    WaitGate,
+    Warm,
+)
+
+__all__ = ["gate", "plan"]
+
+
+def gate(
+    desired: Desired, observed: Observed, variant: str, revision: str
+) -> WaitGate | OpenGate | None:
+    """The cache gate of one revision: ``None`` when there is none (cache disabled or
+    already open), ``OpenGate`` when it opens now, ``WaitGate`` while it holds."""
+    policy = desired.weights
+    status = observed.status(variant)
+    if not policy.enabled or revision in status.gate_open:
+        return None
+    targets = [n for n in observed.nodes if n.up and n.target]
+    fit = [n for n in targets if n.cache_of(revision).state != "unfit"]
+    needed = policy.min_ready if policy.min_ready is not None else len(fit)
+    ready_nodes = [n.name for n in fit if n.holds(revision)]
+    ready = len(ready_nodes)
+    if ready >= needed:
+        return OpenGate(variant, revision, ready, needed)
+    since = status.waiting_since(revision)
+    if since is not None and observed.now - since >= policy.timeout_seconds:
+        return OpenGate(variant, revision, ready, needed, timed_out=True)
+    waiting_on = tuple(n.name for n in fit if not n.holds(revision))
+    return WaitGate(variant, revision, ready, needed, waiting_on)
+
+
+def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
+    """Everything to do now to move ``observed`` towards ``desired`` (see module doc)."""
+    out: list[Action] = []
+    up = {n.name for n in observed.nodes if n.up}
+
+    # 1. Replicas on lost nodes.
+    lost = [r for r in observed.replicas if r.node not in up and r.phase != "stopped"]
+    for r in lost:
+        out.append(StopReplica(r.id, reason=f"node {r.node} is down"))
+    lost_ids = {r.id for r in lost}
+    replicas = tuple(r for r in observed.replicas if r.id not in lost_ids)
+
+    # 2. Rollbacks; effective revisions after them.
+    statuses: dict[str, VariantStatus] = {}
+    effective: dict[str, str] = {}
+    for dv in desired.variants:
+        st = observed.status(dv.name)
+        rb = rollback_needed(dv, st, replicas)
+        if rb is not None:
+            out.append(rb)
+            st = VariantStatus(
+                stable=st.stable,
+                failed=st.failed | {dv.revision},
+                gate_open=st.gate_open,
+                gate_since=st.gate_since,
+            )
+        statuses[dv.name] = st
+        effective[dv.name] = effective_revision(dv.revision, st)
+
+    # 3. Warm every target node for every wanted revision.
+    if desired.weights.enabled:
+        wanted = dict.fromkeys(effective.values())
+        for node in observed.nodes:
+            if not (node.up and node.target):
+                continue
+            for rev in wanted:
+                c = node.cache_of(rev)
+                if c.state == "absent" or (c.state == "failed" and observed.now >= c.retry_at):
+                    variant = next(v for v, e in effective.items() if e == rev)
+                    out.append(Warm(node.name, rev, variant))
+
+    # 4 + 5. Gate, then replica steps per variant.
+    planned: dict[str, int] = {}
+    for dv in desired.variants:
+        rev = effective[dv.name]
+        g = gate(desired, observed, dv.name, rev)
+        may_start = True
+        if isinstance(g, WaitGate):
+            out.append(g)
+            may_start = False
+        elif isinstance(g, OpenGate):
+            out.append(g)
+            if g.timed_out:
+                out.append(
+                    Notice(
+                        f"{dv.name}: only {g.ready} of {g.needed} target nodes hold "
+                        f"{rev[:12]} after {desired.weights.timeout_seconds:.0f} s; "
+                        "deploying anyway (replicas on cold nodes fetch from the origin)"
+                    )
+                )
+        out.extend(
+            step_variant(
+                dv,
+                statuses[dv.name],
+                replicas,
+                observed.nodes,
+                may_start=may_start,
+                max_surge=desired.max_surge,
+                planned=planned,
+            )
+        )
+
+    # 6. Revisions nobody wants or uses.
+    in_use = {(r.node, r.revision) for r in replicas if r.phase != "stopped"}
+    in_use |= {(r.node, r.revision) for r in lost}
+    # The stable revision stays until its rollout successor finishes (rollback needs it).
+    wanted_revs = set(effective.values()) | {
+        st.stable for st in statuses.values() if st.stable is not None
+    }
+    for node in observed.nodes:
+        if not node.up:
+            continue
+        for rev, c in node.cache:
+            if rev in wanted_revs or (node.name, rev) in in_use:
+                continue
+            if c.state in ("ready", "failed"):
+                out.append(DeleteRevision(node.name, rev))
+    return tuple(out)

@@ -1,0 +1,286 @@
+"""What the planner reads (desired and observed state) and what it returns (actions).
+
+All frozen values; no I/O. The executor builds an ``Observed`` from the node stores, its
+replica processes and its own bookkeeping, calls ``plan(desired, observed)``, and carries
+out the actions. Planning is level-triggered: the same state gives the same actions, and
+work already in flight (a cache ``warming``, a replica ``starting``) is visible in the
+state, so a second tick never starts it twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Action",
+    "AddRoute",
+    "CacheView",
+    "DeleteRevision",
+    "Desired",
+    "DesiredVariant",
+    "Drain",
+    "FinishRollout",
+    "NodeView",
+    "Notice",
+    "Observed",
+    "OpenGate",
+    "ReplicaView",
+    "Rollback",
+    "StartReplica",
+    "StopReplica",
+    "Unschedulable",
+    "VariantStatus",
+    "WaitGate",
+    "Warm",
+    "WeightsPolicy",
+]
+
+CacheState = Literal["absent", "warming", "ready", "failed", "unfit"]
+ReplicaPhase = Literal["starting", "ready", "draining", "stopped", "failed"]
+StartReason = Literal["initial", "scale_out", "replace", "rollout"]
+
+
+# --- desired ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DesiredVariant:
+    """One variant with its source resolved to an immutable revision."""
+
+    name: str
+    revision: str
+    model_bytes: int
+    replicas: int
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class WeightsPolicy:
+    """``modelCacheConfig.weights`` with its node selector already evaluated per node."""
+
+    enabled: bool = False
+    min_ready: int | None = None
+    timeout_seconds: float = 600.0
+    pin: bool = False
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Desired:
+    endpoint: str
+    variants: tuple[DesiredVariant, ...]
+    weights: WeightsPolicy = field(default_factory=WeightsPolicy)
+    #: Extra new-version replicas allowed during a rollout (above the desired count).
+    max_surge: int = 1
+
+
+# --- observed -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """One revision on one node, as far as this controller is concerned."""
+
+    state: CacheState
+    #: Why it is failed/unfit, with the numbers (shown in status).
+    reason: str = ""
+    #: A failed warm-up may be retried at or after this time (``observed.now`` scale).
+    retry_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    up: bool = True
+    slots: int = 2
+    #: Whether ``modelCacheConfig.weights.nodes`` selects this node.
+    target: bool = True
+    #: revision -> cache state; revisions this controller never touched are absent.
+    cache: tuple[tuple[str, CacheView], ...] = ()
+
+    def cache_of(self, revision: str) -> CacheView:
+        for rev, view in self.cache:
+            if rev == revision:
+                return view
+        return CacheView("absent")
+
+    def holds(self, revision: str) -> bool:
+        return self.cache_of(revision).state == "ready"
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: str
+    variant: str
+    revision: str
+    node: str
+    phase: ReplicaPhase
+    routed: bool = False
+    #: Monotonic order of creation (newer replicas are drained first on scale-in).
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class VariantStatus:
+    """The executor's memory of a variant between ticks."""
+
+    #: The revision that last finished rolling out (serves while a new one rolls).
+    stable: str | None = None
+    #: Revisions whose rollout failed; never tried again until the spec changes.
+    failed: frozenset[str] = frozenset()
+    #: Revisions whose cache gate opened (latched: later node loss does not re-gate).
+    gate_open: frozenset[str] = frozenset()
+    #: revision -> time the gate started waiting.
+    gate_since: tuple[tuple[str, float], ...] = ()
+
+    def waiting_since(self, revision: str) -> float | None:
+        for rev, t in self.gate_since:
+            if rev == revision:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class Observed:
+    now: float
+    nodes: tuple[NodeView, ...]
+    replicas: tuple[ReplicaView, ...] = ()
+    variants: tuple[tuple[str, VariantStatus], ...] = ()
+
+    def status(self, variant: str) -> VariantStatus:
+        for name, st in self.variants:
+            if name == variant:
+                return st
+        return VariantStatus()
+
+    def node(self, name: str) -> NodeView | None:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Warm:
+    """Fill ``revision`` into ``node``'s store (bandwidth-limited origin download)."""
+
+    node: str
+    revision: str
+    variant: str
+
+
+@dataclass(frozen=True)
+class WaitGate:
+    """Replicas of ``revision`` wait until ``needed`` target nodes hold it."""
+
+    variant: str
+    revision: str
+    ready: int
+    needed: int
+    waiting_on: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OpenGate:
+    """The cache gate of ``revision`` opens (``timed_out``: it deploys anyway)."""
+
+    variant: str
+    revision: str
+    ready: int
+    needed: int
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class StartReplica:
+    variant: str
+    revision: str
+    node: str
+    #: The node already holds the revision (a cache hit is expected).
+    warm: bool
+    reason: StartReason
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """No node can take a replica that is wanted."""
+
+    variant: str
+    revision: str
+    missing: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class AddRoute:
+    replica: str
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Take the replica out of the router, let its in-flight requests finish, stop it."""
+
+    replica: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StopReplica:
+    """Stop at once (a replica on a lost node, or a failed one being cleaned up)."""
+
+    replica: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinishRollout:
+    """Every live replica of the variant runs ``revision``: it becomes the stable one."""
+
+    variant: str
+    revision: str
+    previous: str | None
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """A replica of ``revision`` failed during a rollout: go back to ``to``."""
+
+    variant: str
+    revision: str
+    to: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteRevision:
+    """No variant wants ``revision`` and no replica uses it: drop it from the node."""
+
+    node: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the operator should read in status (not an action on the world)."""
+
+    text: str
+
+
+Action = (
+    Warm
+    | WaitGate
+    | OpenGate
+    | StartReplica
+    | Unschedulable
+    | AddRoute
+    | Drain
+    | StopReplica
+    | FinishRollout
+    | Rollback
+    | DeleteRevision
+    | Notice
+)
