@@ -12,6 +12,8 @@
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
     │   └── TruncatedBody(FetchError, IOError)
     ├── EngineError                                  simulated engine
+    │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
+    │   └── EngineUnavailable(EngineError, ConnectionError)
     ├── RouterError                                  router
     │   └── NoHealthyInstance(RouterError)
     └── ControlError                                 controller / fleet
@@ -86,6 +88,14 @@ class TruncatedBody(FetchError, IOError):
 
 class EngineError(PreheatError):
     """The simulated engine could not do what was asked."""
+
+
+class PromptTooLong(EngineError, ValueError):
+    """A request can never fit the engine (context length or KV capacity)."""
+
+
+class EngineUnavailable(EngineError, ConnectionError):
+    """An engine did not answer, or did not become healthy in time."""
 
 
 # --- router -----------------------------------------------------------------------------
