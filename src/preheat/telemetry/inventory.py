@@ -160,7 +160,9 @@ def _entry(info: Any) -> SnapshotEntry:
         leased_by: tuple[str, ...] = tuple(f"lease-{i}" for i in range(leases))
     else:
         leased_by = tuple(str(_attr(x, "holder", "owner", "name", default=x)) for x in leases)
-    revision = _attr(info, "revision", "manifest_digest", "digest")
+    revisions = _attr(info, "revisions", default=()) or ()
+    digest = _attr(info, "manifest_digest", "digest")
+    revision = revisions[0] if revisions else _attr(info, "revision", default=digest)
     return SnapshotEntry(
         revision=str(revision),
         size_bytes=int(_attr(info, "size", "size_bytes", "bytes", default=0)),
@@ -168,21 +170,30 @@ def _entry(info: Any) -> SnapshotEntry:
         pinned=bool(_attr(info, "pinned", default=False)),
         priority=int(_attr(info, "priority", default=0)),
         leased_by=leased_by,
-        manifest_digest=_attr(info, "manifest_digest", "digest"),
-        source=_attr(info, "source", "ref"),
+        manifest_digest=digest,
+        source=_first(_attr(info, "refs", "source", "ref")),
     )
 
 
+def _first(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    items = list(value)
+    return str(items[0]) if items else None
+
+
 def _eviction_order(store: Any, snapshots: Sequence[SnapshotEntry], limit: int) -> tuple[str, ...]:
-    """Ask the store which snapshots it would evict to free everything it may."""
+    """Ask the store which snapshots it would evict if it had to free everything it may."""
     plan_fn = getattr(store, "plan_eviction", None)
-    if plan_fn is None:
+    if plan_fn is None or not snapshots:
         return ()
-    plan = plan_fn(sum(s.size_bytes for s in snapshots) or 1)
-    victims = _attr(plan, "victims", "evict", "snapshots", "entries", default=plan)
-    out = []
-    for v in victims or ():
-        out.append(str(_attr(v, "revision", "manifest_digest", "digest", default=v)))
+    plan = plan_fn(sum(s.size_bytes for s in snapshots) + 1)
+    victims = _attr(plan, "snapshots", "victims", default=plan) or ()
+    by_digest = {s.manifest_digest: s.revision for s in snapshots if s.manifest_digest}
+    out: list[str] = []
+    for v in victims:
+        key = str(_attr(v, "digest", "manifest_digest", "revision", default=v))
+        out.append(by_digest.get(key, key))
         if len(out) >= limit:
             break
     return tuple(out)
