@@ -6,7 +6,8 @@
     │   ├── DigestMismatch(CacheError, ValueError)   bytes do not match the manifest digest
     │   ├── UnsafePath(CacheError, ValueError)       manifest path escapes the store root
     │   ├── InsufficientSpace(CacheError, OSError)   not enough room even after eviction
-    │   └── SnapshotNotFound(CacheError, KeyError)
+    │   ├── SnapshotNotFound(CacheError, KeyError)
+    │   └── SnapshotInUse(CacheError)                leased: cannot be deleted
     ├── FetchError                                   talking to an origin
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
@@ -62,6 +63,13 @@ class InsufficientSpace(CacheError, OSError):
 
 class SnapshotNotFound(CacheError, KeyError):
     """No snapshot with that revision or digest is in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SnapshotInUse(CacheError):
+    """The snapshot is leased by a replica and cannot be deleted."""
 
 
 # --- origins ----------------------------------------------------------------------------

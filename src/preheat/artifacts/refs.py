@@ -1,0 +1,94 @@
+"""Artifact references: what a user writes to name a model (pure: no I/O).
+
+Supported schemes::
+
+    file:///abs/path/dir           a directory tree on this machine (or one file)
+    http(s)://host/.../preheat-manifest.json   a JSON manifest naming files relative to it
+    http(s)://host/.../file.bin    a single file
+    s3://bucket/prefix             every object under the prefix
+
+A ref is mutable (the bytes behind it can change); ``pull`` resolves it to an immutable
+``Revision`` every time, and the store is keyed by what it resolved to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from preheat.errors import ConfigError
+
+SCHEMES = ("file", "http", "https", "s3")
+MANIFEST_NAME = "preheat-manifest.json"
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<path>[^?#]*)")
+
+
+def _unquote(path: str) -> str:
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), path)
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A parsed reference. ``location`` is the path (file), URL (http) or prefix (s3)."""
+
+    text: str
+    scheme: str
+    bucket: str = ""
+    location: str = ""
+
+    @property
+    def key(self) -> str:
+        """A filesystem-safe, collision-free name for this ref (used under ``refs/``)."""
+        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", self.text.split("://", 1)[-1]).strip("_")
+        digest = hashlib.sha256(self.text.encode()).hexdigest()[:16]
+        return f"{self.scheme}_{readable[:80]}_{digest}"
+
+    @property
+    def is_manifest_url(self) -> bool:
+        return self.scheme in ("http", "https") and self.location.rsplit("/", 1)[-1].endswith(
+            MANIFEST_NAME
+        )
+
+
+def parse_ref(text: str) -> ArtifactRef:
+    """Parse and validate a ref; the error names the bad value and shows valid forms."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"artifact ref {text!r} is empty; write e.g. file:///models/llama")
+    text = text.strip()
+    m = _URL.match(text)
+    raw_scheme = m.group("scheme") if m else ""
+    scheme = raw_scheme.lower()
+    if m is None or scheme not in SCHEMES:
+        raise ConfigError(
+            f"artifact ref {text!r} has unsupported scheme {raw_scheme!r}; use one of "
+            "file:///abs/dir, https://host/path/preheat-manifest.json, s3://bucket/prefix"
+        )
+    netloc, path = m.group("netloc"), m.group("path")
+    if scheme == "file":
+        if netloc not in ("", "localhost"):
+            raise ConfigError(
+                f"artifact ref {text!r} names host {netloc!r}; file refs are local: "
+                "write file:///abs/path (three slashes)"
+            )
+        path = _unquote(path)
+        if not path.startswith("/"):
+            raise ConfigError(f"artifact ref {text!r} must be an absolute path: file:///abs/path")
+        return ArtifactRef(text=text, scheme="file", location=path.rstrip("/") or "/")
+    if scheme in ("http", "https"):
+        if not netloc:
+            raise ConfigError(f"artifact ref {text!r} has no host; write https://host/path")
+        if not path or path.endswith("/"):
+            raise ConfigError(
+                f"artifact ref {text!r} names a directory; point it at a file or at "
+                f"{MANIFEST_NAME} (write one with `preheat cache manifest DIR`)"
+            )
+        return ArtifactRef(text=text, scheme=scheme, location=text)
+    bucket = netloc
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+        raise ConfigError(
+            f"artifact ref {text!r}: {bucket!r} is not a valid S3 bucket name "
+            "(3-63 lowercase letters, digits, '.', '-')"
+        )
+    prefix = path.lstrip("/")
+    return ArtifactRef(text=text, scheme="s3", bucket=bucket, location=prefix)

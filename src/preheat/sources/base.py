@@ -1,0 +1,76 @@
+"""The origin protocol: resolve a ref to a revision and manifest, then serve byte ranges.
+
+A ``Source`` is an async adapter around one origin (a directory, an HTTP server, an S3
+bucket). ``resolve()`` returns a ``Resolution``: the immutable revision the ref points at
+now, the manifest, and per file a ``Location`` (where to fetch it, and a fingerprint of
+the origin's metadata for the bytes). ``fetch(location, start, end)`` delivers bytes
+``[start, end)`` as an async iterator of chunks, in order; it raises ``ObjectNotFound`` (do not
+retry), ``OriginUnavailable`` or ``TruncatedBody`` (retry the rest of the range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from preheat.artifacts.manifest import Manifest
+from preheat.artifacts.refs import ArtifactRef, parse_ref
+from preheat.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one file's bytes live at the origin.
+
+    ``fingerprint`` names the bytes as the origin's metadata sees them (path+size+mtime,
+    URL+ETag, bucket/key+version): when a file's sha256 is unknown, a fingerprint seen
+    before maps to the digest hashed last time, so unchanged files are not fetched again.
+    """
+
+    url: str
+    fingerprint: str
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    ref: ArtifactRef
+    revision: str
+    manifest: Manifest
+    locations: Mapping[str, Location]
+
+
+class Source(Protocol):
+    ref: ArtifactRef
+
+    async def resolve(self) -> Resolution: ...
+
+    def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_source(
+    ref: str | ArtifactRef,
+    *,
+    endpoint_url: str | None = None,
+    connections: int = 8,
+) -> Source:
+    """The adapter for a ref's scheme (imports boto3 only for s3://)."""
+    r = parse_ref(ref) if isinstance(ref, str) else ref
+    if endpoint_url is not None and r.scheme != "s3":
+        raise ConfigError(
+            f"--endpoint-url {endpoint_url!r} only applies to s3:// refs, not {r.text!r}"
+        )
+    if r.scheme == "file":
+        from preheat.sources.file import FileSource
+
+        return FileSource(r)
+    if r.scheme in ("http", "https"):
+        from preheat.sources.http import HttpSource
+
+        return HttpSource(r, connections=connections)
+    from preheat.sources.s3 import S3Source
+
+    return S3Source(r, endpoint_url=endpoint_url, connections=connections)

@@ -1,0 +1,95 @@
+"""``file:///dir``: a directory tree (or a single file) on this machine.
+
+The revision is a digest over (relative path, size, mtime, inode) of every file; sha256
+is computed while copying. Symbolic links anywhere in the tree are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+from preheat.artifacts.manifest import FileEntry, Manifest, check_relpath, revision_from_parts
+from preheat.artifacts.refs import ArtifactRef
+from preheat.errors import ObjectNotFound, OriginUnavailable, TruncatedBody, UnsafePath
+from preheat.sources.base import Location, Resolution
+
+_READ = 8 << 20
+
+
+class FileSource:
+    def __init__(self, ref: ArtifactRef) -> None:
+        self.ref = ref
+
+    async def resolve(self) -> Resolution:
+        return await asyncio.to_thread(self._resolve)
+
+    def _resolve(self) -> Resolution:
+        root = Path(self.ref.location)
+        try:
+            st = root.lstat()
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{self.ref.text}: {root} does not exist") from exc
+        except OSError as exc:
+            raise OriginUnavailable(f"{self.ref.text}: cannot read {root}: {exc}") from exc
+        files: list[tuple[str, os.stat_result]] = []
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePath(f"{self.ref.text}: {root} is a symbolic link; give the real path")
+        if stat.S_ISREG(st.st_mode):
+            files.append((root.name, st))
+            root = root.parent
+        else:
+            for dirpath, dirnames, filenames in os.walk(root):
+                for name in sorted(dirnames + filenames):
+                    p = Path(dirpath) / name
+                    s = p.lstat()
+                    rel = p.relative_to(root).as_posix()
+                    if stat.S_ISLNK(s.st_mode):
+                        raise UnsafePath(
+                            f"{self.ref.text}: {rel!r} is a symbolic link; links are refused "
+                            "because they can point outside the model (copy the target instead)"
+                        )
+                    if stat.S_ISREG(s.st_mode):
+                        files.append((check_relpath(rel), s))
+                    elif not stat.S_ISDIR(s.st_mode):
+                        raise UnsafePath(f"{self.ref.text}: {rel!r} is not a regular file")
+        if not files:
+            raise ObjectNotFound(f"{self.ref.text}: the directory {root} holds no files")
+        entries, locations, parts = [], {}, []
+        for rel, s in files:
+            fp = f"file\0{root / rel}\0{s.st_size}\0{s.st_mtime_ns}\0{s.st_ino}"
+            entries.append(FileEntry(rel, s.st_size, None))
+            locations[rel] = Location(url=str(root / rel), fingerprint=fp)
+            parts.append((rel, str(s.st_size), str(s.st_mtime_ns), str(s.st_ino)))
+        return Resolution(
+            ref=self.ref,
+            revision=revision_from_parts("file", parts),
+            manifest=Manifest(tuple(entries)),
+            locations=locations,
+        )
+
+    async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
+        try:
+            fd = await asyncio.to_thread(os.open, location.url, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{location.url} disappeared from the origin") from exc
+        except OSError as exc:
+            raise OriginUnavailable(f"cannot read {location.url}: {exc}") from exc
+        try:
+            pos = start
+            while pos < end:
+                data = await asyncio.to_thread(os.pread, fd, min(_READ, end - pos), pos)
+                if not data:
+                    raise TruncatedBody(
+                        f"{location.url} ended at byte {pos}, expected {end} (changed at origin?)"
+                    )
+                yield data
+                pos += len(data)
+        finally:
+            os.close(fd)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,159 @@
+"""``http(s)://``: a ``preheat-manifest.json`` naming files relative to it, or one file.
+
+With a manifest, the revision is the manifest's ``revision`` field or, when absent, its
+digest (so the revision changes exactly when some file's bytes do). A single file URL
+resolves through HEAD: the revision is derived from URL, ETag, Last-Modified and size, and
+the sha256 is computed while fetching. Byte ranges use ``Range: bytes=a-b`` over a pooled
+aiohttp session with ``connections`` keep-alive connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncGenerator
+
+import aiohttp
+
+from preheat.artifacts.manifest import FileEntry, Manifest, revision_from_parts
+from preheat.artifacts.refs import ArtifactRef
+from preheat.errors import (
+    ConfigError,
+    FetchError,
+    ObjectNotFound,
+    OriginUnavailable,
+    TruncatedBody,
+)
+from preheat.sources.base import Location, Resolution
+
+_SAFE = re.compile(r"[^A-Za-z0-9._~/-]")
+
+
+def _quote(path: str) -> str:
+    return _SAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), path)
+
+
+class HttpSource:
+    def __init__(self, ref: ArtifactRef, *, connections: int = 8) -> None:
+        self.ref = ref
+        self._connections = max(1, connections)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self._connections + 2, limit_per_host=self._connections + 2
+                ),
+                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=60),
+                auto_decompress=False,
+                read_bufsize=4 << 20,
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def resolve(self) -> Resolution:
+        if self.ref.is_manifest_url:
+            return await self._resolve_manifest()
+        return await self._resolve_file()
+
+    async def _resolve_manifest(self) -> Resolution:
+        url = self.ref.location
+        try:
+            async with self._sess().get(url) as resp:
+                _check_status(resp.status, url)
+                body = await resp.read()
+        except aiohttp.ClientError as exc:
+            raise OriginUnavailable(f"cannot fetch manifest {url}: {exc}") from exc
+        except TimeoutError as exc:
+            raise OriginUnavailable(f"timed out fetching manifest {url}") from exc
+        manifest = Manifest.from_json(body, where=url)
+        if not manifest.complete:
+            missing = [f.path for f in manifest.files if f.sha256 is None][:3]
+            raise ConfigError(
+                f"{url}: every file needs a sha256 (missing for {missing}); regenerate it "
+                "with `preheat cache manifest DIR`"
+            )
+        import json
+
+        declared = json.loads(body).get("revision")
+        revision = str(declared) if declared else f"sha256:{manifest.digest}"
+        base = url.rsplit("/", 1)[0]
+        locations = {
+            f.path: Location(url=f"{base}/{_quote(f.path)}", fingerprint=f"sha256\0{f.sha256}")
+            for f in manifest.files
+        }
+        return Resolution(self.ref, revision, manifest, locations)
+
+    async def _resolve_file(self) -> Resolution:
+        url = self.ref.location
+        try:
+            async with self._sess().head(url, allow_redirects=True) as resp:
+                _check_status(resp.status, url)
+                size = resp.headers.get("Content-Length")
+                etag = resp.headers.get("ETag", "")
+                modified = resp.headers.get("Last-Modified", "")
+        except aiohttp.ClientError as exc:
+            raise OriginUnavailable(f"cannot reach {url}: {exc}") from exc
+        except TimeoutError as exc:
+            raise OriginUnavailable(f"timed out reaching {url}") from exc
+        if size is None:
+            raise OriginUnavailable(f"{url} sent no Content-Length; cannot fetch it in ranges")
+        name = url.rsplit("/", 1)[-1].split("?", 1)[0] or "file"
+        fp = f"http\0{url}\0{etag}\0{modified}\0{size}"
+        entry = FileEntry(name, int(size), None)
+        return Resolution(
+            self.ref,
+            revision_from_parts("http", [(url, etag, modified, size)]),
+            Manifest((entry,)),
+            {name: Location(url=url, fingerprint=fp)},
+        )
+
+    async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
+        url = location.url
+        pos = start
+        headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+        try:
+            async with self._sess().get(url, headers=headers) as resp:
+                _check_status(resp.status, url)
+                if resp.status == 200 and start != 0:
+                    raise OriginUnavailable(f"{url} ignored the Range header (status 200)")
+                reader = resp.content
+                while pos < end:
+                    data = await reader.readany()
+                    if not data:
+                        break
+                    if pos + len(data) > end:
+                        data = data[: end - pos]
+                    pos += len(data)
+                    yield data
+        except FetchError:
+            raise
+        except aiohttp.ClientPayloadError as exc:
+            raise TruncatedBody(f"{url}: body ended at byte {pos} of range end {end}") from exc
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+        except TimeoutError as exc:
+            raise OriginUnavailable(f"{url}: read timed out at byte {pos}") from exc
+        if pos < end:
+            raise TruncatedBody(f"{url}: body ended at byte {pos}, expected {end}")
+
+
+def _check_status(status: int, url: str) -> None:
+    if status in (200, 206):
+        return
+    if status in (404, 410):
+        raise ObjectNotFound(f"{url}: the origin answered {status} (not found); check the URL")
+    if status in (401, 403):
+        raise ObjectNotFound(f"{url}: the origin answered {status} (access denied)")
+    if status == 416:
+        raise TruncatedBody(f"{url}: range not satisfiable (416); the file is shorter than listed")
+    raise OriginUnavailable(f"{url}: the origin answered HTTP {status}")
+
+
+# Re-exported for the fill's retry policy.
+RETRYABLE = (OriginUnavailable, TruncatedBody, asyncio.TimeoutError)

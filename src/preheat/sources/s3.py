@@ -1,0 +1,154 @@
+"""``s3://bucket/prefix`` through boto3 (``endpoint_url`` for S3-compatible servers).
+
+Resolution lists the prefix and HEADs each object (``ChecksumMode=ENABLED``):
+
+- revision: from object version ids when the bucket is versioned, else a digest over
+  (key, ETag, size) of every object;
+- sha256: the object's ``ChecksumSHA256`` when it is a whole-object checksum, otherwise
+  unknown until the fill hashes the bytes while fetching.
+
+Ranged GETs run in threads (boto3 is blocking), one per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from preheat.artifacts.manifest import FileEntry, Manifest, revision_from_parts
+from preheat.artifacts.refs import ArtifactRef
+from preheat.errors import ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.sources.base import Location, Resolution
+
+_READ = 4 << 20
+
+
+def _translate(exc: Exception, what: str) -> Exception:
+    import botocore.exceptions as bce
+
+    if isinstance(exc, bce.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in ("NoSuchKey", "NoSuchBucket", "404", "NoSuchVersion") or status == 404:
+            return ObjectNotFound(f"{what}: not found at the origin ({code or status})")
+        if code in ("AccessDenied", "403") or status == 403:
+            return ObjectNotFound(f"{what}: access denied ({code}); check credentials")
+        return OriginUnavailable(f"{what}: S3 error {code or status}: {exc}")
+    if isinstance(exc, bce.ResponseStreamingError | bce.IncompleteReadError):
+        return TruncatedBody(f"{what}: body ended early: {exc}")
+    if isinstance(exc, bce.BotoCoreError | OSError):
+        return OriginUnavailable(f"{what}: cannot reach S3: {exc}")
+    return exc
+
+
+class S3Source:
+    def __init__(
+        self, ref: ArtifactRef, *, endpoint_url: str | None = None, connections: int = 8
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.ref = ref
+        self._bucket = ref.bucket
+        prefix = ref.location
+        self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self._endpoint = endpoint_url
+        self._client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+            config=Config(
+                max_pool_connections=connections + 4,
+                retries={"max_attempts": 2, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=60,
+            ),
+        )
+        self._pool = ThreadPoolExecutor(max_workers=connections + 4, thread_name_prefix="s3")
+
+    async def aclose(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def resolve(self) -> Resolution:
+        where = f"s3://{self._bucket}/{self._prefix}"
+        try:
+            keys = await self._run(self._list)
+        except Exception as exc:
+            raise _translate(exc, where) from exc
+        if not keys:
+            raise ObjectNotFound(f"{where}: no objects under this prefix; check bucket and prefix")
+        heads = await asyncio.gather(*(self._run(self._head, k) for k, _ in keys))
+        entries, locations = [], {}
+        versioned = all(h.get("VersionId") not in (None, "null") for h in heads)
+        parts = []
+        for (key, size), head in zip(keys, heads, strict=True):
+            rel = key[len(self._prefix) :]
+            checksum = head.get("ChecksumSHA256")
+            sha = None
+            if checksum and "-" not in checksum and head.get("ChecksumType") != "COMPOSITE":
+                sha = base64.b64decode(checksum).hex()
+            version = head.get("VersionId") if versioned else None
+            etag = str(head.get("ETag", "")).strip('"')
+            fp = f"s3\0{self._endpoint}\0{self._bucket}\0{key}\0{version or etag}\0{size}"
+            entries.append(FileEntry(rel, int(size), sha))
+            locations[rel] = Location(url=key, fingerprint=fp, version=version)
+            parts.append((key, version or etag, str(size)))
+        revision = revision_from_parts("s3-version" if versioned else "s3-etag", parts)
+        return Resolution(self.ref, revision, Manifest(tuple(entries)), locations)
+
+    def _list(self) -> list[tuple[str, int]]:
+        out = []
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self._bucket, Prefix=self._prefix
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                if key.endswith("/"):
+                    continue  # "directory" placeholder objects
+                out.append((key, int(obj["Size"])))
+        return out
+
+    def _head(self, key: str) -> dict[str, Any]:
+        try:
+            return dict(
+                self._client.head_object(Bucket=self._bucket, Key=key, ChecksumMode="ENABLED")
+            )
+        except Exception as exc:
+            raise _translate(exc, f"s3://{self._bucket}/{key}") from exc
+
+    async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
+        what = f"s3://{self._bucket}/{location.url}"
+        kwargs: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Key": location.url,
+            "Range": f"bytes={start}-{end - 1}",
+        }
+        if location.version:
+            kwargs["VersionId"] = location.version
+        pos = start
+        try:
+            body = (await self._run(lambda: self._client.get_object(**kwargs)))["Body"]
+        except Exception as exc:
+            raise _translate(exc, what) from exc
+        try:
+            while pos < end:
+                try:
+                    data = await self._run(body.read, min(_READ, end - pos))
+                except Exception as exc:
+                    raise _translate(exc, what) from exc
+                if not data:
+                    break
+                pos += len(data)
+                yield data
+        finally:
+            body.close()
+        if pos < end:
+            raise TruncatedBody(f"{what}: body ended at byte {pos}, expected {end}")

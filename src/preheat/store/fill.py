@@ -1,0 +1,336 @@
+"""Parallel, verified, resumable fetch of one blob into the store's ``tmp/``.
+
+How one file is fetched (``fetch_blob``):
+
+- The file is cut into ``chunk``-sized ranges; each range is one ranged request holding
+  one of the pull's connection slots (an ``asyncio.Semaphore`` shared by all files), so
+  a single big file uses every connection and many small files share them.
+- Bytes are written at their offsets (``os.pwrite``) into ``tmp/<key>.part``.
+- Hashing overlaps the download: a thread follows the *contiguous* written prefix and
+  hashes it by reading it back from the page cache, so ranges may finish in any order.
+  The same thread asks the kernel to start writing back what it hashed
+  (``sync_file_range``), so the final ``fsync`` before publishing finds little to do.
+- Every finished range is recorded in ``tmp/<key>.json``; after a crash the next fill
+  skips those ranges (the hash is recomputed from the bytes on disk).
+- A failed range (5xx, reset, truncated body) is retried with exponential backoff from
+  the byte where it stopped; 404 is not retried.
+- On success the digest is compared with the manifest's; a mismatch deletes the partial
+  file and raises ``DigestMismatch`` naming the file, expected and actual digest. A match
+  is fsynced, made read-only and published with ``os.replace`` into ``blobs/``.
+
+Correctness never depends on the per-blob lock: the lock only makes two pullers of the
+same blob fetch it once; a published blob is always a complete, verified file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from preheat.errors import DigestMismatch, ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.sources.base import Location, Source
+from preheat.store.layout import Layout
+
+DEFAULT_CHUNK = 32 << 20
+_HASH_READ = 8 << 20
+_SYNC_EVERY = 128 << 20
+RETRYABLE: tuple[type[BaseException], ...] = (OriginUnavailable, TruncatedBody, TimeoutError)
+
+_libc = None
+with contextlib.suppress(OSError, AttributeError):
+    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing a range back to disk without waiting (Linux)."""
+    if _libc is not None:
+        _libc.sync_file_range(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE
+
+
+@dataclass
+class FillStats:
+    """Byte counters of one pull, updated from the event loop thread."""
+
+    total: int = 0
+    fetched: int = 0
+    resumed: int = 0
+    reused: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> int:
+        return self.fetched + self.resumed + self.reused
+
+
+class RateLimiter:
+    """A token bucket over every connection of a pull: at most ``rate`` bytes/s on average."""
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate limit {rate} must be > 0 bytes/s")
+        self.rate = rate
+        self.burst = burst if burst is not None else max(rate * 0.1, 1 << 20)
+        self._next = 0.0
+
+    async def take(self, n: int) -> None:
+        now = time.monotonic()
+        self._next = max(self._next, now - self.burst / self.rate) + n / self.rate
+        delay = self._next - now
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class _Progress:
+    """Thread-safe bookkeeping of one partial file: bytes written per range, and the
+    contiguous prefix the hasher may read."""
+
+    def __init__(self, size: int, chunk: int, done: set[int]) -> None:
+        self.size = size
+        self.chunk = chunk
+        self.n = max(1, -(-size // chunk))
+        self.filled = [self.length(i) if i in done else 0 for i in range(self.n)]
+        self.cond = threading.Condition()
+        self.first = 0
+        self.cancelled = False
+        self._advance_first()
+
+    def length(self, i: int) -> int:
+        return min(self.size, (i + 1) * self.chunk) - i * self.chunk
+
+    def _advance_first(self) -> None:
+        while self.first < self.n and self.filled[self.first] >= self.length(self.first):
+            self.first += 1
+
+    @property
+    def watermark(self) -> int:
+        if self.first >= self.n:
+            return self.size
+        return self.first * self.chunk + self.filled[self.first]
+
+    def wrote(self, i: int, n: int) -> None:
+        self.filled[i] += n
+        if i == self.first:
+            with self.cond:
+                self._advance_first()
+                self.cond.notify_all()
+
+    def cancel(self) -> None:
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify_all()
+
+    def hash_following(self, fd: int, sync: bool) -> str | None:
+        """Runs in a thread: sha256 of the file as its contiguous prefix grows."""
+        h = hashlib.sha256()
+        buf = bytearray(_HASH_READ)
+        mv = memoryview(buf)
+        pos = 0
+        synced = 0
+        while pos < self.size:
+            with self.cond:
+                while self.watermark <= pos and not self.cancelled:
+                    self.cond.wait(0.25)
+                if self.cancelled:
+                    return None
+                wm = self.watermark
+            while pos < wm:
+                got = os.preadv(fd, [mv[: min(_HASH_READ, wm - pos)]], pos)
+                if got <= 0:
+                    raise OSError(f"short read at {pos} while hashing")
+                h.update(mv[:got])
+                pos += got
+            if sync and pos - synced >= _SYNC_EVERY:
+                _start_writeback(fd, synced, pos - synced)
+                synced = pos
+        return h.hexdigest()
+
+
+async def lock_file(path: Path, poll: float = 0.05) -> int:
+    """Take an exclusive ``flock`` on ``path`` (created if missing) without blocking the loop."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(poll)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def unlock_file(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def _load_state(path: Path, size: int, chunk: int, fingerprint: str) -> set[int]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return set()
+    if data.get("size") != size or data.get("chunk") != chunk or data.get("fp") != fingerprint:
+        return set()
+    return {int(i) for i in data.get("done", [])}
+
+
+def _save_state(path: Path, size: int, chunk: int, fingerprint: str, done: set[int]) -> None:
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(
+        json.dumps({"size": size, "chunk": chunk, "fp": fingerprint, "done": sorted(done)})
+    )
+    os.replace(tmp, path)
+
+
+@dataclass
+class FillContext:
+    """What every blob fetch of one pull shares."""
+
+    source: Source
+    layout: Layout
+    connections: asyncio.Semaphore
+    executor: Executor
+    stats: FillStats
+    limiter: RateLimiter | None = None
+    fsync: bool = True
+    chunk: int = DEFAULT_CHUNK
+    retries: int = 5
+    backoff: float = 0.2
+    on_bytes: Callable[[int], None] | None = None
+
+
+async def fetch_blob(
+    ctx: FillContext, path: str, location: Location, size: int, expected: str | None, key: str
+) -> str:
+    """Fetch one file into ``tmp/<key>.part``, verify and publish it; returns its sha256.
+
+    The caller holds the per-``key`` lock.
+    """
+    loop = asyncio.get_running_loop()
+    part = ctx.layout.tmp / f"{key}.part"
+    state = ctx.layout.tmp / f"{key}.json"
+    chunk = ctx.chunk
+    done = _load_state(state, size, chunk, location.fingerprint) if part.exists() else set()
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not done:
+            os.ftruncate(fd, 0)
+        os.ftruncate(fd, size)
+        prog = _Progress(size, chunk, done)
+        ctx.stats.resumed += sum(prog.length(i) for i in done)
+        hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd, ctx.fsync)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i in range(prog.n):
+                    if i not in done:
+                        tg.create_task(_fetch_range(ctx, prog, fd, location, i, state, done))
+        except BaseException as exc:
+            prog.cancel()
+            with contextlib.suppress(BaseException):
+                await hasher
+            if isinstance(exc, BaseExceptionGroup):
+                first = exc.exceptions[0]
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from None
+            raise
+        actual = await hasher
+        assert actual is not None
+        if expected is not None and actual != expected:
+            os.close(fd)
+            fd = -1
+            for p in (part, state):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            raise DigestMismatch(path, expected, actual)
+        if ctx.fsync:
+            await loop.run_in_executor(ctx.executor, os.fsync, fd)
+        os.fchmod(fd, 0o444)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    publish_file(ctx.layout, part, actual, fsync=ctx.fsync)
+    with contextlib.suppress(FileNotFoundError):
+        state.unlink()
+    return actual
+
+
+def publish_file(layout: Layout, src: Path, digest: str, *, fsync: bool) -> Path:
+    """Atomically move a verified file into ``blobs/`` (keeping an existing blob)."""
+    dest = layout.blob(digest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        src.unlink()
+        return dest
+    os.replace(src, dest)
+    if fsync:
+        dfd = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return dest
+
+
+async def _fetch_range(
+    ctx: FillContext,
+    prog: _Progress,
+    fd: int,
+    location: Location,
+    i: int,
+    state: Path,
+    done: set[int],
+) -> None:
+    start = i * prog.chunk
+    end = start + prog.length(i)
+    attempt = 0
+    while True:
+        pos = start + prog.filled[i]
+        if pos >= end:
+            break
+        async with ctx.connections:
+            try:
+                async with contextlib.aclosing(ctx.source.fetch(location, pos, end)) as stream:
+                    async for data in stream:
+                        n = len(data)
+                        written = os.pwrite(fd, data, pos)
+                        while written < n:
+                            written += os.pwrite(fd, memoryview(data)[written:], pos + written)
+                        pos += n
+                        ctx.stats.fetched += n
+                        prog.wrote(i, n)
+                        if ctx.on_bytes is not None:
+                            ctx.on_bytes(n)
+                        if ctx.limiter is not None:
+                            await ctx.limiter.take(n)
+                if pos < end:
+                    raise TruncatedBody(f"{location.url}: range ended at {pos}, expected {end}")
+            except ObjectNotFound:
+                raise
+            except RETRYABLE as exc:
+                attempt += 1
+                if attempt > ctx.retries:
+                    raise OriginUnavailable(
+                        f"{location.url}: giving up after {attempt} attempts "
+                        f"on bytes {pos}-{end - 1}: {exc}"
+                    ) from exc
+                await asyncio.sleep(min(5.0, ctx.backoff * 2 ** (attempt - 1)))
+                continue
+        break
+    done.add(i)
+    _save_state(state, prog.size, prog.chunk, location.fingerprint, done)

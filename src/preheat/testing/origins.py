@@ -1,0 +1,218 @@
+"""Real origins on 127.0.0.1 for tests and benchmarks: nginx (HTTP with Range) and an S3 API.
+
+Both are context managers that pick a free port, wait until the server answers, and stop
+the server they started by its PID on exit::
+
+    with nginx_origin(root_dir, limit_rate=50_000_000) as origin:
+        url = origin.url("model/preheat-manifest.json")
+
+    with s3_origin() as s3:
+        client = s3.client()
+        client.create_bucket(Bucket="models")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NGINX = os.environ.get("PREHEAT_NGINX", "/usr/sbin/nginx")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server for {url} exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered; a 404 on the probe URL is fine
+        except OSError as exc:
+            last = exc
+            time.sleep(0.05)
+    raise RuntimeError(f"server at {url} did not answer within {timeout} s: {last}")
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class HttpOrigin:
+    """A running nginx serving ``root`` at ``base_url``."""
+
+    root: Path
+    port: int
+    pid: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, relpath: str = "") -> str:
+        return f"{self.base_url}/{relpath.lstrip('/')}"
+
+
+_NGINX_CONF = """
+daemon off;
+master_process on;
+worker_processes {workers};
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    types {{ application/json json; application/octet-stream safetensors bin; }}
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{
+            {limit}
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx_origin(
+    root: Path,
+    *,
+    limit_rate: int | None = None,
+    workers: int = 2,
+    port: int | None = None,
+) -> Iterator[HttpOrigin]:
+    """Serve ``root`` with nginx on 127.0.0.1 (Range requests included).
+
+    ``limit_rate`` caps each connection's bytes per second (nginx ``limit_rate``), which
+    turns the local nginx into a slow remote origin for fault and fleet tests.
+    """
+    if not Path(NGINX).exists():
+        raise RuntimeError(
+            f"nginx not found at {NGINX}; run scripts/install-sysdeps.sh (Debian nginx-light)"
+        )
+    port = port or free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="preheat-nginx-"))
+    limit = f"limit_rate {int(limit_rate)};" if limit_rate else ""
+    conf = tmp / "nginx.conf"
+    conf.write_text(
+        _NGINX_CONF.format(
+            workers=workers, tmp=tmp, port=port, root=Path(root).resolve(), limit=limit
+        )
+    )
+    proc = subprocess.Popen(
+        [NGINX, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/", 10, proc)
+        yield HttpOrigin(root=Path(root), port=port, pid=proc.pid)
+    finally:
+        _stop(proc, signal.SIGQUIT)  # graceful: master waits for its workers
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class S3Origin:
+    """A running S3-API server (moto) at ``endpoint_url``."""
+
+    endpoint_url: str
+    pid: int | None
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+
+@contextlib.contextmanager
+def s3_origin(port: int | None = None) -> Iterator[S3Origin]:
+    """Run moto's S3 server in a child process on 127.0.0.1; stopped by PID on exit.
+
+    Sets the dummy AWS credentials the server accepts in this process's environment for
+    the duration, so ``preheat cache pull s3://...`` subprocesses inherit them.
+    """
+    port = port or free_port()
+    env = dict(os.environ)
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    code = (
+        "import sys\n"
+        "from moto.server import ThreadedMotoServer\n"
+        f"s = ThreadedMotoServer(ip_address='127.0.0.1', port={port})\n"
+        "s.start()\n"
+        "sys.stdin.read()\n"
+        "s.stop()\n"
+    )
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/", 30, proc)
+        yield S3Origin(endpoint_url=f"http://127.0.0.1:{port}", pid=proc.pid)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
