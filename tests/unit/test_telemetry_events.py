@@ -16,6 +16,7 @@ from preheat.telemetry.events import (
     STAGES,
     EventClass,
     EventLog,
+    SampledLog,
     StartRecord,
     read_start_records,
 )
@@ -224,3 +225,21 @@ def test_log_file_mode_is_append_only(tmp_path: Path) -> None:
         log.append(make(replica="two"))
     assert os.path.getsize(path) > size
     assert len(read_start_records(path)) == 2
+
+
+def test_sampled_log_writes_the_given_fraction(tmp_path: Path) -> None:
+    """Rate 0.1 writes every tenth record, the first included; rate 1 writes all."""
+    path = tmp_path / "decisions.jsonl"
+    with EventLog(path) as log:
+        sampled = SampledLog(log, 0.1)
+        written = [sampled.offer(make(replica=f"r{i}")) for i in range(1000)]
+    assert written[0] is True
+    assert 99 <= sum(written) <= 101
+    assert sampled.offered == 1000 and sampled.written == sum(written)
+    assert len(read_start_records(path)) == sum(written)
+    with EventLog(tmp_path / "all.jsonl") as log:
+        everything = SampledLog(log, 1.0)
+        assert all(everything.offer(make()) for _ in range(10))
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="outside"):
+            SampledLog(EventLog(tmp_path / "x.jsonl"), bad)

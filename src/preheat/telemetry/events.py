@@ -45,6 +45,7 @@ __all__ = [
     "EventClass",
     "EventLog",
     "JsonlReadResult",
+    "SampledLog",
     "StartRecord",
     "read_jsonl",
     "read_start_records",
@@ -319,6 +320,36 @@ class EventLog:
     def read(self) -> list[StartRecord]:
         """The start records in this log (torn lines skipped)."""
         return read_start_records(self.path)
+
+
+class SampledLog:
+    """Writes a deterministic fraction ``rate`` of the records offered to an ``EventLog``.
+
+    For per-request records (routing decisions) where one line per request would cost more
+    disk than it is worth. Sampling is by a credit counter, not a random draw: with rate
+    0.1 exactly every tenth record is written, so a run's sample size is predictable and
+    a skipped record costs one float addition.
+    """
+
+    def __init__(self, log: EventLog, rate: float) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"sample rate {rate} is outside (0, 1]; use 1.0 to keep every record")
+        self.log = log
+        self.rate = rate
+        self._credit = 1.0 - rate  # so the first record offered is written
+        self.offered = 0
+        self.written = 0
+
+    def offer(self, record: _Jsonable) -> bool:
+        """Write ``record`` if it falls in the sample; return whether it was written."""
+        self.offered += 1
+        self._credit += self.rate
+        if self._credit < 1.0:
+            return False
+        self._credit -= 1.0
+        self.log.append(record)
+        self.written += 1
+        return True
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[int, str]]:
