@@ -183,12 +183,19 @@ def _first(value: Any) -> str | None:
 
 
 def _eviction_order(store: Any, snapshots: Sequence[SnapshotEntry], limit: int) -> tuple[str, ...]:
-    """Ask the store which snapshots it would evict if it had to free everything it may."""
-    plan_fn = getattr(store, "plan_eviction", None)
-    if plan_fn is None or not snapshots:
+    """The snapshots the store would evict first (``eviction_candidates()``, or the order
+    of a plan that frees everything it may)."""
+    if not snapshots:
         return ()
-    plan = plan_fn(sum(s.size_bytes for s in snapshots) + 1)
-    victims = _attr(plan, "snapshots", "victims", default=plan) or ()
+    order_fn = getattr(store, "eviction_candidates", None)
+    if order_fn is not None:
+        victims = order_fn()
+    else:
+        plan_fn = getattr(store, "plan_eviction", None)
+        if plan_fn is None:
+            return ()
+        plan = plan_fn(sum(s.size_bytes for s in snapshots) + 1)
+        victims = _attr(plan, "snapshots", "victims", default=plan) or ()
     by_digest = {s.manifest_digest: s.revision for s in snapshots if s.manifest_digest}
     out: list[str] = []
     for v in victims:
