@@ -1,0 +1,196 @@
+"""``preheat router``: run the prefix-aware OpenAI-compatible proxy."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import secrets
+import sys
+from pathlib import Path
+
+import click
+
+from preheat.errors import ConfigError
+
+
+@click.group()
+def router() -> None:
+    """The router: sends requests that share a prompt prefix to the instance that holds it."""
+
+
+@router.command()
+@click.option("--port", type=int, required=True, help="Port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="URL",
+    help="An instance URL (http://host:port); repeat for each. Not with --config.",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["random", "least_outstanding", "prefix_aware"]),
+    default="random",
+    show_default=True,
+    help="Routing strategy of the single variant built from --backend.",
+)
+@click.option(
+    "--prefix-length",
+    type=int,
+    default=8192,
+    show_default=True,
+    help="prefix_aware: characters of canonical prompt in the key (1024-65536).",
+)
+@click.option(
+    "--concurrency-threshold",
+    type=int,
+    default=64,
+    show_default=True,
+    help="prefix_aware: in-flight requests at which an instance takes no more (1-1024).",
+)
+@click.option(
+    "--balance-epsilon",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="prefix_aware: skip an instance above (1+eps) x mean in-flight.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A YAML/JSON router config (variants, instances, timeouts); see docs/routing.md.",
+)
+@click.option(
+    "--admin-token",
+    envvar="PREHEAT_ADMIN_TOKEN",
+    help="Bearer token of the /admin API (or env PREHEAT_ADMIN_TOKEN); without it the "
+    "admin API answers 403.",
+)
+@click.option(
+    "--salt-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="File with the secret routing salt (or env PREHEAT_ROUTER_SALT). Replicas must "
+    "share it to agree; without one a random salt is used.",
+)
+@click.option(
+    "--decision-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append sampled routing decisions to this JSONL file (never prompt text).",
+)
+@click.option(
+    "--decision-sample",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Share of requests written to --decision-log (0-1).",
+)
+@click.option(
+    "--upstream-timeout",
+    type=float,
+    default=None,
+    help="Seconds without a byte from an instance before 504 (default 300).",
+)
+@click.option(
+    "--health-interval", type=float, default=None, help="Seconds between health checks (2)."
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def serve(
+    port: int,
+    host: str,
+    backends: tuple[str, ...],
+    strategy: str,
+    prefix_length: int,
+    concurrency_threshold: int,
+    balance_epsilon: float,
+    config_file: Path | None,
+    admin_token: str | None,
+    salt_file: Path | None,
+    decision_log: Path | None,
+    decision_sample: float,
+    upstream_timeout: float | None,
+    health_interval: float | None,
+    log_level: str,
+) -> None:
+    """Run the router on --port in front of --backend URLs (or a --config file).
+
+    \b
+    Example:
+      preheat router serve --port 8080 --strategy prefix_aware \\
+          --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \\
+          --admin-token "$TOKEN"
+    A variant may start with no instance (requests get 503 + Retry-After until
+    POST /admin/instances/add gives it one).
+    """
+    from preheat.router.config import load_config, parse_config
+    from preheat.router.server import Router, run
+    from preheat.telemetry.routing import DecisionLog
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        if config_file is not None:
+            if backends:
+                raise ConfigError("give either --config or --backend, not both")
+            cfg = load_config(config_file)
+        else:
+            cfg = parse_config(
+                {
+                    "variants": [
+                        {
+                            "name": "default",
+                            "strategy": strategy,
+                            "prefix_length": prefix_length,
+                            "concurrency_threshold": concurrency_threshold,
+                            "balance_epsilon": balance_epsilon,
+                            "instances": list(backends),
+                        }
+                    ]
+                }
+            )
+        raw = cfg.to_dict()
+        if upstream_timeout is not None:
+            raw["upstream_timeout_s"] = upstream_timeout
+        if health_interval is not None:
+            raw["health"]["interval_s"] = health_interval
+        cfg = parse_config(raw)
+        salt = _salt(salt_file)
+        rng = random.Random(secrets.randbits(64))
+        dlog = (
+            DecisionLog(decision_log, decision_sample, rng=random.Random(secrets.randbits(64)))
+            if decision_log is not None
+            else None
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    run(
+        Router(cfg, salt=salt, admin_token=admin_token, decision_log=dlog, rng=rng),
+        host=host,
+        port=port,
+    )
+
+
+def _salt(path: Path | None) -> bytes:
+    if path is not None:
+        data = path.read_bytes().strip()
+    elif os.environ.get("PREHEAT_ROUTER_SALT"):
+        data = os.environ["PREHEAT_ROUTER_SALT"].encode()
+    else:
+        click.echo(
+            "preheat router: no --salt-file or PREHEAT_ROUTER_SALT; using a random salt "
+            "(router replicas will not agree on placement)",
+            err=True,
+        )
+        return secrets.token_bytes(32)
+    if len(data) < 16:
+        raise ConfigError(f"the routing salt is {len(data)} bytes; give at least 16")
+    # Any length of user material becomes a fixed-size key.
+    return hashlib.sha256(data).digest()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(router())

@@ -1,0 +1,295 @@
+"""The router's configuration: parsed and validated once at the edge (file, CLI, admin API).
+
+File format (YAML or JSON; see docs/routing.md)::
+
+    variants:
+      - name: default               # [a-zA-Z0-9_.-]{1,64}
+        weight: 1.0                 # share of traffic among variants (>= 0)
+        strategy: prefix_aware      # random | least_outstanding | prefix_aware
+        prefix_length: 8192         # characters, 1024-65536
+        concurrency_threshold: 64   # in-flight per instance, 1-1024
+        balance_epsilon: 0.1        # (1+eps) x mean in-flight bound, 0.01-10
+        block_chars: 2048           # hashed block size, 512-16384
+        index_entries: 200000       # learned block hashes kept (memory bound)
+        instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
+    upstream_timeout_s: 300         # no byte from the instance for this long -> 504
+    connect_timeout_s: 5
+    max_body_bytes: 8388608         # larger request bodies -> 413
+    health: {interval_s: 2.0, timeout_s: 1.0, failures: 2, path: /health}
+
+Instances may be given as URL strings or as ``{url: ...}`` objects (what
+``GET /admin/config`` returns, so a config read from the API can be PUT back).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from preheat.errors import ConfigError
+from preheat.router.policies import POLICIES, PolicyParams
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_VARIANT_KEYS = {
+    "name",
+    "weight",
+    "strategy",
+    "prefix_length",
+    "concurrency_threshold",
+    "balance_epsilon",
+    "block_chars",
+    "index_entries",
+    "max_holders",
+    "instances",
+}
+_TOP_KEYS = {"variants", "upstream_timeout_s", "connect_timeout_s", "max_body_bytes", "health"}
+_HEALTH_KEYS = {"interval_s", "timeout_s", "failures", "path"}
+PATCHABLE = ("strategy", "prefix_length", "concurrency_threshold", "weight", "balance_epsilon")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """Active health checks: GET ``path`` on every instance each ``interval_s`` seconds;
+    ``failures`` consecutive failures mark it unhealthy, one success marks it healthy."""
+
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+    failures: int = 2
+    path: str = "/health"
+
+
+@dataclass(frozen=True, slots=True)
+class VariantConfig:
+    """A named group of instances with a traffic weight and one routing strategy."""
+
+    name: str
+    strategy: str = "random"
+    weight: float = 1.0
+    params: PolicyParams = field(default_factory=PolicyParams)
+    instances: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.params
+        return {
+            "name": self.name,
+            "weight": self.weight,
+            "strategy": self.strategy,
+            "prefix_length": p.prefix_length,
+            "concurrency_threshold": p.concurrency_threshold,
+            "balance_epsilon": p.balance_epsilon,
+            "block_chars": p.block_chars,
+            "index_entries": p.index_entries,
+            "max_holders": p.max_holders,
+            "instances": list(self.instances),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """The whole router configuration."""
+
+    variants: tuple[VariantConfig, ...]
+    upstream_timeout_s: float = 300.0
+    connect_timeout_s: float = 5.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+    def variant(self, name: str) -> VariantConfig:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise ConfigError(
+            f"variant {name!r} does not exist; known: {', '.join(v.name for v in self.variants)}"
+        )
+
+    def with_variant(self, new: VariantConfig) -> RouterConfig:
+        return replace(
+            self, variants=tuple(new if v.name == new.name else v for v in self.variants)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        h = self.health
+        return {
+            "variants": [v.to_dict() for v in self.variants],
+            "upstream_timeout_s": self.upstream_timeout_s,
+            "connect_timeout_s": self.connect_timeout_s,
+            "max_body_bytes": self.max_body_bytes,
+            "health": {
+                "interval_s": h.interval_s,
+                "timeout_s": h.timeout_s,
+                "failures": h.failures,
+                "path": h.path,
+            },
+        }
+
+
+def check_url(url: Any, *, where: str) -> str:
+    """An instance URL: http(s)://host:port with no path, normalised without a trailing '/'."""
+    if not isinstance(url, str):
+        raise ConfigError(f"{where}: instance {url!r} is not a URL string like http://host:8000")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: instance {url!r} is not an http(s)://host:port URL")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"{where}: instance {url!r} must not have a path; give http://host:port")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{where}: instance {url!r} has a bad port") from exc
+    return url.rstrip("/")
+
+
+def _number(value: Any, where: str, lo: float, hi: float, *, integer: bool = False) -> Any:
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{where} {value!r} is not {kind}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where} {value} is outside {lo:g}-{hi:g}")
+    return value
+
+
+def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
+    """Validate one variant mapping; errors name the variant and the field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a mapping with at least a 'name'")
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"{where}: name {name!r} must match [A-Za-z0-9_.-]{{1,64}}")
+    where = f"variant {name!r}"
+    unknown = set(data) - _VARIANT_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(_VARIANT_KEYS))}"
+        )
+    strategy = data.get("strategy", "random")
+    if strategy not in POLICIES:
+        raise ConfigError(
+            f"{where}: strategy {strategy!r} is unknown; choose one of {', '.join(POLICIES)}"
+        )
+    weight = float(_number(data.get("weight", 1.0), f"{where}: weight", 0, 1e6))
+    defaults = PolicyParams()
+    kwargs = {
+        k: data[k]
+        for k in (
+            "prefix_length",
+            "concurrency_threshold",
+            "balance_epsilon",
+            "block_chars",
+            "index_entries",
+            "max_holders",
+        )
+        if k in data
+    }
+    for k, v in kwargs.items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ConfigError(f"{where}: {k} {v!r} is not a number")
+        if k != "balance_epsilon" and not isinstance(v, int):
+            raise ConfigError(f"{where}: {k} {v!r} must be an integer")
+    try:
+        params = replace(defaults, **kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    raw = data.get("instances", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: instances must be a list of URLs")
+    urls = []
+    for item in raw:
+        url = item.get("url") if isinstance(item, Mapping) else item
+        urls.append(check_url(url, where=where))
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{where}: an instance is listed twice")
+    return VariantConfig(
+        name=name, strategy=strategy, weight=weight, params=params, instances=tuple(urls)
+    )
+
+
+def parse_config(data: Any) -> RouterConfig:
+    """Validate a whole config mapping (from a file or ``PUT /admin/config``)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("the router config must be a mapping with a 'variants' list")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown config field(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(_TOP_KEYS))}"
+        )
+    raw = data.get("variants")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("the router config needs a non-empty 'variants' list")
+    variants = tuple(parse_variant(v, where=f"variants[{i}]") for i, v in enumerate(raw))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"variant names must be unique; got {names}")
+    seen: dict[str, str] = {}
+    for v in variants:
+        for url in v.instances:
+            if url in seen:
+                raise ConfigError(f"instance {url} is in both {seen[url]!r} and {v.name!r}")
+            seen[url] = v.name
+    health_raw = data.get("health", {})
+    if not isinstance(health_raw, Mapping) or set(health_raw) - _HEALTH_KEYS:
+        raise ConfigError(f"health must be a mapping of {', '.join(sorted(_HEALTH_KEYS))}")
+    health = HealthConfig(
+        interval_s=float(
+            _number(health_raw.get("interval_s", 2.0), "health.interval_s", 0.05, 3600)
+        ),
+        timeout_s=float(_number(health_raw.get("timeout_s", 1.0), "health.timeout_s", 0.05, 600)),
+        failures=_number(health_raw.get("failures", 2), "health.failures", 1, 100, integer=True),
+        path=str(health_raw.get("path", "/health")),
+    )
+    return RouterConfig(
+        variants=variants,
+        upstream_timeout_s=float(
+            _number(data.get("upstream_timeout_s", 300.0), "upstream_timeout_s", 0.05, 86400)
+        ),
+        connect_timeout_s=float(
+            _number(data.get("connect_timeout_s", 5.0), "connect_timeout_s", 0.05, 600)
+        ),
+        max_body_bytes=_number(
+            data.get("max_body_bytes", 8 * 1024 * 1024),
+            "max_body_bytes",
+            1024,
+            1 << 30,
+            integer=True,
+        ),
+        health=health,
+    )
+
+
+def load_config(path: str | Path) -> RouterConfig:
+    """Read a YAML or JSON config file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read router config {p}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"router config {p} is not valid YAML/JSON: {exc}") from exc
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def patch_variant(variant: VariantConfig, patch: Any) -> VariantConfig:
+    """Apply ``PATCH /admin/variants/{name}`` fields; unknown fields are an error."""
+    if not isinstance(patch, Mapping) or not patch:
+        raise ConfigError(f"a variant patch is a non-empty object of {', '.join(PATCHABLE)}")
+    unknown = set(patch) - set(PATCHABLE)
+    if unknown:
+        raise ConfigError(
+            f"cannot patch {', '.join(sorted(unknown))}; patchable: {', '.join(PATCHABLE)}"
+        )
+    merged = variant.to_dict() | dict(patch)
+    return parse_variant(merged, where=f"variant {variant.name!r}")

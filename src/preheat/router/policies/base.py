@@ -1,0 +1,149 @@
+"""The one plug-in point of the router: a ``Policy`` chooses an instance for a request (pure).
+
+Calling convention (the live proxy and the simulator both follow it):
+
+1. the caller filters its instances to those that may take traffic (healthy, not
+   draining) and calls ``choice = policy.choose(request, instances)``;
+2. it increments ``choice.instance.in_flight`` and calls ``policy.on_sent(request, choice)``
+   when the request is sent;
+3. when the response ends it decrements ``in_flight`` and calls
+   ``policy.on_done(request, choice, ok=..., cached_tokens=...)``.
+
+The caller owns the in-flight counters (they outlive a strategy change); policies only
+read them. ``forget(instance_id)`` is called when an instance leaves the variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from preheat.errors import ConfigError
+from preheat.router.prefix import check_prefix_length
+
+OUTCOMES = ("affinity", "spill", "fallback", "random", "least_outstanding", "hint")
+
+
+class InstanceLike(Protocol):
+    """What a policy reads from an instance: a stable id (its URL) and its in-flight count."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+
+InstT = TypeVar("InstT", bound=InstanceLike)
+
+
+@dataclass(slots=True)
+class Instance:
+    """A minimal mutable instance record, for the simulator, tests and benchmarks."""
+
+    id: str
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One request to route.
+
+    ``body`` is the parsed OpenAI request body; a caller that already has the canonical
+    prompt text (the simulator) passes ``text`` instead. ``hint`` is the value of the
+    ``X-Preheat-Prefix-Id`` header, which overrides the text-derived key.
+    """
+
+    request_id: str
+    body: Mapping[str, Any] | None = None
+    text: str | None = None
+    hint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[InstT]):
+    """A policy's decision: the instance, and why (for metrics and the decision log).
+
+    ``rank`` is how many preferred candidates were passed over for load (0: the first
+    preference got the request). ``state`` is policy-private data for ``on_sent``.
+    """
+
+    instance: InstT
+    outcome: str
+    rank: int = 0
+    matched_blocks: int = 0
+    prefix_blocks: int = 0
+    predicted_cached_tokens: int | None = None
+    prompt_chars: int | None = None
+    state: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    """Per-variant routing parameters (the units and reasons are in prefix_aware.py).
+
+    prefix_length: characters of canonical prompt that form the key (1,024-65,536).
+    concurrency_threshold: in-flight requests at which an instance takes no more (1-1,024).
+    balance_epsilon: an instance above (1+epsilon) x mean in-flight is skipped (0.01-10).
+    block_chars: characters per hashed block (512-16,384).
+    index_entries: learned block hashes kept, in total (the memory bound; >= 1,000).
+    max_holders: instances remembered per learned block (1-64).
+    """
+
+    prefix_length: int = 8192
+    concurrency_threshold: int = 64
+    balance_epsilon: float = 0.10
+    block_chars: int = 2048
+    index_entries: int = 200_000
+    max_holders: int = 8
+
+    def __post_init__(self) -> None:
+        check_prefix_length(self.prefix_length)
+        t = self.concurrency_threshold
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024:
+            raise ConfigError(
+                f"concurrency_threshold {t!r} is outside 1-1024 in-flight requests per instance"
+            )
+        e = self.balance_epsilon
+        if isinstance(e, bool) or not isinstance(e, int | float) or not 0.01 <= e <= 10:
+            raise ConfigError(f"balance_epsilon {e!r} is outside 0.01-10; 0.1 allows 10% skew")
+        if not 512 <= self.block_chars <= 16384:
+            raise ConfigError(f"block_chars {self.block_chars} is outside 512-16384; use 2048")
+        if self.index_entries < 1000:
+            raise ConfigError(f"index_entries {self.index_entries} is below 1000")
+        if not 1 <= self.max_holders <= 64:
+            raise ConfigError(f"max_holders {self.max_holders} is outside 1-64")
+
+
+class Policy(Protocol[InstT]):
+    """A routing strategy. ``choose`` raises ``NoHealthyInstance`` for an empty list."""
+
+    name: str
+
+    def choose(self, request: RouteRequest, instances: Sequence[InstT]) -> Choice[InstT]: ...
+
+    def on_sent(self, request: RouteRequest, choice: Choice[InstT]) -> None: ...
+
+    def on_done(
+        self, request: RouteRequest, choice: Choice[InstT], *, ok: bool, cached_tokens: int | None
+    ) -> None: ...
+
+    def forget(self, instance_id: str) -> None: ...
+
+
+class BasePolicy(Generic[InstT]):
+    """No-op hooks, so a strategy implements only ``choose`` and what it needs."""
+
+    name = "base"
+
+    def on_sent(self, request: RouteRequest, choice: Choice[InstT]) -> None:
+        return None
+
+    def on_done(
+        self, request: RouteRequest, choice: Choice[InstT], *, ok: bool, cached_tokens: int | None
+    ) -> None:
+        return None
+
+    def forget(self, instance_id: str) -> None:
+        return None
