@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from preheat.artifacts.refs import parse_ref
 from preheat.config import parse_size
 from preheat.errors import ConfigError
 
@@ -268,11 +269,15 @@ class _Model(_Edge):
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        if not re.match(r"^(file|https?|s3|hf|oci)://", v):
+        if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
             raise ValueError(
-                f"{v!r} is not a source ref; use file:///dir, http(s)://.../preheat-manifest.json,"
-                " s3://bucket/prefix, hf://org/name@rev or oci://registry/repo:tag"
+                f"{v!r} is not a source ref; use file:///dir, "
+                "http(s)://.../preheat-manifest.json or s3://bucket/prefix"
             )
+        try:
+            parse_ref(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
 

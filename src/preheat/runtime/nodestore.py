@@ -1,0 +1,133 @@
+"""One local node's cache as the fleet uses it: a ``NodeStore`` plus the node's limits.
+
+The fleet keys everything by the *revision* a source resolved to when the spec was
+applied. A pull resolves the source again; if the origin now serves something else the
+pull is refused (the endpoint keeps what it pinned; applying the spec again picks the new
+revision up). Origin downloads are limited to the node's ``origin_bandwidth``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from preheat.control.spec import NodeSpec
+from preheat.errors import ControlError, SnapshotNotFound
+from preheat.sources.base import open_source
+from preheat.store.store import NodeStore
+
+__all__ = ["NodeCache", "PullOutcome", "resolve_source"]
+
+
+@dataclass(frozen=True)
+class PullOutcome:
+    snapshot: Path
+    manifest_digest: str
+    bytes_fetched: int
+    bytes_reused: int
+    seconds: float
+
+
+async def resolve_source(source: str) -> tuple[str, int, int]:
+    """(revision, total bytes, file count) of what ``source`` names now."""
+    src = open_source(source)
+    try:
+        res = await src.resolve()
+    finally:
+        await src.aclose()
+    return res.revision, res.manifest.total_size, len(res.manifest.files)
+
+
+class NodeCache:
+    """A node's store, opened lazily, with the node's bandwidth limit applied to pulls."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self._store: NodeStore | None = None
+        self._pulls: dict[str, asyncio.Task[PullOutcome]] = {}
+
+    @property
+    def store(self) -> NodeStore:
+        if self._store is None:
+            raise ControlError(f"node {self.spec.name}: store is not open")
+        return self._store
+
+    def open(self) -> None:
+        self.spec.store.mkdir(parents=True, exist_ok=True)
+        self._store = NodeStore(self.spec.store, capacity=self.spec.capacity)
+
+    def close(self) -> None:
+        self._store = None
+
+    def has(self, revision: str) -> bool:
+        return self.store.has(revision)
+
+    def snapshot_dir(self, revision: str) -> Path | None:
+        if not self.store.has(revision):
+            return None
+        return self.store.snapshot_path(revision)
+
+    def used_bytes(self) -> int:
+        if self._store is None:
+            return 0
+        with contextlib.suppress(Exception):
+            return self._store.usage().used
+        return 0
+
+    async def pull(
+        self,
+        source: str,
+        revision: str,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> PullOutcome:
+        """Fill ``revision`` from ``source``; concurrent pulls of one revision share a fill."""
+        task = self._pulls.get(revision)
+        if task is None or task.done():
+            task = asyncio.create_task(self._pull(source, revision, progress))
+            self._pulls[revision] = task
+        return await asyncio.shield(task)
+
+    async def _pull(
+        self, source: str, revision: str, progress: Callable[[int, int], None] | None
+    ) -> PullOutcome:
+        result = await self.store.apull(
+            source, rate_limit=self.spec.origin_bandwidth, progress=progress
+        )
+        if result.revision != revision:
+            raise ControlError(
+                f"{source} now resolves to {result.revision[:16]}, not the revision "
+                f"{revision[:16]} this endpoint pinned; run `preheat apply` to roll to it"
+            )
+        return PullOutcome(
+            result.snapshot,
+            result.manifest_digest,
+            result.bytes_fetched,
+            result.bytes_reused,
+            result.seconds,
+        )
+
+    def lease(self, revision: str, holder: str) -> tuple[str, str]:
+        digest = self.store.snapshot_path(revision).name
+        self.store.lease(digest, holder)
+        return (digest, holder)
+
+    def release(self, token: tuple[str, str]) -> None:
+        self.store.release(*token)
+
+    def pin(self, revision: str, priority: int) -> None:
+        self.store.pin(revision)
+        if priority:
+            self.store.set_priority(revision, priority)
+
+    def delete(self, revision: str) -> int:
+        """Drop the revision's snapshot and the blobs only it used; bytes freed."""
+        try:
+            digest = self.store.snapshot_path(revision).name
+        except SnapshotNotFound:
+            return 0
+        plan = self.store.delete(digest)
+        return plan.frees

@@ -1,0 +1,112 @@
+"""Child processes of the local runtime: start, wait for HTTP health, stop by PID.
+
+Children run in their own session (``start_new_session``) so a Ctrl-C in the terminal
+reaches only ``preheat up``, which then stops them in order (router last) instead of
+every process dying at once mid-request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+
+__all__ = ["Child", "free_port", "preheat_command", "spawn", "wait_http_ok"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def preheat_command(*args: str) -> list[str]:
+    """``preheat ARGS`` run by this interpreter (works without the console script on PATH)."""
+    return [sys.executable, "-c", "from preheat.cli import main; main()", *args]
+
+
+class Child:
+    """One started process with its log file."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path, argv: list[str]) -> None:
+        self.proc = proc
+        self.log = log
+        self.argv = argv
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    async def stop(self, timeout: float = 10.0, *, sig: int = signal.SIGTERM) -> int | None:
+        """Signal the process (SIGTERM by default), wait, SIGKILL if it lingers."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                await self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of the log (why a process died)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+async def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> Child:
+    """Start ``argv`` with stdout and stderr appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    finally:
+        os.close(fd)
+    return Child(proc, log, argv)
+
+
+async def wait_http_ok(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    child: Child | None = None,
+    interval: float = 0.05,
+) -> bool:
+    """Poll ``url`` until it answers 200; False when ``child`` exits or time runs out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if child is not None and not child.running:
+            return False
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                if resp.status == 200:
+                    return True
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            pass
+        await asyncio.sleep(interval)
+    return False
