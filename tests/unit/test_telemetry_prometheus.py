@@ -120,6 +120,12 @@ def test_route_decisions_counted_with_tokens() -> None:
     assert value(s, "preheat_route_actual_cached_tokens_total", **lab) == 16 * (15 - 3)
     assert value(s, "preheat_route_prompt_tokens_total", **lab) == 600
     assert value(s, "preheat_route_decision_seconds_count", strategy="prefix_aware") == 6
+    # decision_us were 5..10: one at <= 5 us, all six at <= 10 us, the sum in seconds.
+    hist = {"strategy": "prefix_aware"}
+    assert value(s, "preheat_route_decision_seconds_bucket", le="5e-06", **hist) == 1
+    assert value(s, "preheat_route_decision_seconds_bucket", le="1e-05", **hist) == 6
+    assert value(s, "preheat_route_decision_seconds_bucket", le="+Inf", **hist) == 6
+    assert abs(value(s, "preheat_route_decision_seconds_sum", **hist) - 45e-6) < 1e-12
 
 
 def test_inventory_gauges_follow_the_latest_inventory() -> None:

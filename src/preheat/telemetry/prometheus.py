@@ -26,17 +26,25 @@ Metrics (all prefixed ``preheat_``):
   ``node_revision_ready{node,revision}`` (1 ready, 0 not), ``node_eviction_candidates{node}``,
   ``node_warmup_failures{node}`` (1 while the last warm-up of the node failed)
 
-Hot paths (``observe_start``, ``observe_route``) cache labelled children in plain dicts:
-``labels()`` validates and locks on each call, which would dominate a per-request budget.
+``observe_route`` is on every routed request, so its counters are plain integers under one
+lock, turned into metric families at scrape time (see ``_RouteCollector``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+import threading
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -65,19 +73,19 @@ START_BUCKETS: tuple[float, ...] = (
     1800.0,
     3600.0,
 )
-#: Routing decision time buckets, 1 us .. 10 ms.
-DECISION_BUCKETS: tuple[float, ...] = (
-    1e-6,
-    2.5e-6,
-    5e-6,
-    1e-5,
-    2.5e-5,
-    5e-5,
-    1e-4,
-    2.5e-4,
-    5e-4,
-    1e-3,
-    1e-2,
+#: Routing decision time buckets in microseconds (exported in seconds), 1 us .. 10 ms.
+DECISION_BUCKETS_US: tuple[float, ...] = (
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1000.0,
+    10000.0,
 )
 
 
@@ -146,10 +154,107 @@ class _InventoryCollector(Collector):
         yield from (free, used, count, evict, failing, size, pinned, leases, prio, last_use, ready)
 
 
-def _get(obj: Any, name: str) -> Any:
-    if isinstance(obj, Mapping):
-        return obj[name]
-    return getattr(obj, name)
+class _RouteStats:
+    __slots__ = ("actual", "buckets", "count", "predicted", "prompt", "us_sum")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.predicted = 0
+        self.actual = 0
+        self.prompt = 0
+        self.us_sum = 0.0
+        self.buckets = [0] * (len(DECISION_BUCKETS_US) + 1)
+
+
+class _RouteCollector(Collector):
+    """Routing counters kept as plain integers and turned into metrics at scrape time.
+
+    ``prometheus_client`` children take a lock and validate per call; a routed request
+    would pay that five times. Here one dict lookup and a few integer additions under one
+    uncontended lock do the same, and the scrape aggregates.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats: dict[tuple[str, str, str, str], _RouteStats] = {}
+
+    def observe(
+        self,
+        key: tuple[str, str, str, str],
+        decision_us: float,
+        predicted: int | None,
+        actual: int | None,
+        prompt: int | None,
+    ) -> None:
+        i = bisect_left(DECISION_BUCKETS_US, decision_us)
+        with self._lock:
+            st = self._stats.get(key)
+            if st is None:
+                st = self._stats[key] = _RouteStats()
+            st.count += 1
+            st.us_sum += decision_us
+            st.buckets[i] += 1
+            if predicted:
+                st.predicted += predicted
+            if actual:
+                st.actual += actual
+            if prompt:
+                st.prompt += prompt
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            items = [
+                (k, (v.count, v.predicted, v.actual, v.prompt, v.us_sum, list(v.buckets)))
+                for k, v in self._stats.items()
+            ]
+        decisions = CounterMetricFamily(
+            "preheat_route_decisions",
+            "Routing decisions by chosen instance and outcome",
+            labels=["variant", "strategy", "instance", "outcome"],
+        )
+        toks: dict[tuple[str, str], list[int]] = {}
+        hist: dict[str, tuple[list[int], float]] = {}
+        for key, (count, pred, act, prompt, us_sum, buckets) in items:
+            decisions.add_metric(list(key), count)
+            t = toks.setdefault((key[0], key[1]), [0, 0, 0])
+            t[0] += pred
+            t[1] += act
+            t[2] += prompt
+            h = hist.get(key[1])
+            if h is None:
+                hist[key[1]] = (buckets, us_sum)
+            else:
+                hist[key[1]] = ([a + b for a, b in zip(h[0], buckets, strict=True)], h[1] + us_sum)
+        yield decisions
+        names = (
+            (
+                "preheat_route_predicted_cached_tokens",
+                "Prompt tokens the router expected the chosen instance to have cached",
+            ),
+            (
+                "preheat_route_actual_cached_tokens",
+                "Prompt tokens the engine reported as cached (usage.prompt_tokens_details)",
+            ),
+            ("preheat_route_prompt_tokens", "Prompt tokens of routed requests"),
+        )
+        for j, (name, doc) in enumerate(names):
+            fam = CounterMetricFamily(name, doc, labels=["variant", "strategy"])
+            for (variant, strategy), t in toks.items():
+                fam.add_metric([variant, strategy], t[j])
+            yield fam
+        seconds = HistogramMetricFamily(
+            "preheat_route_decision_seconds",
+            "Time the routing policy took to choose",
+            labels=["strategy"],
+        )
+        for strategy, (buckets, us_sum) in hist.items():
+            cum = 0
+            out = []
+            for bound, n in zip((*DECISION_BUCKETS_US, math.inf), buckets, strict=True):
+                cum += n
+                out.append(("+Inf" if bound == math.inf else repr(bound / 1e6), cum))
+            seconds.add_metric([strategy], out, us_sum / 1e6)
+        yield seconds
 
 
 class TelemetryMetrics:
@@ -193,43 +298,10 @@ class TelemetryMetrics:
             ["source"],
             registry=r,
         )
-        self.route_decisions = Counter(
-            "preheat_route_decisions",
-            "Routing decisions by chosen instance and outcome",
-            ["variant", "strategy", "instance", "outcome"],
-            registry=r,
-        )
-        self.route_decision_seconds = Histogram(
-            "preheat_route_decision_seconds",
-            "Time the routing policy took to choose",
-            ["strategy"],
-            buckets=DECISION_BUCKETS,
-            registry=r,
-        )
-        tok_labels = ["variant", "strategy"]
-        self.route_predicted = Counter(
-            "preheat_route_predicted_cached_tokens",
-            "Prompt tokens the router expected the chosen instance to have cached",
-            tok_labels,
-            registry=r,
-        )
-        self.route_actual = Counter(
-            "preheat_route_actual_cached_tokens",
-            "Prompt tokens the engine reported as cached (usage.prompt_tokens_details)",
-            tok_labels,
-            registry=r,
-        )
-        self.route_prompt = Counter(
-            "preheat_route_prompt_tokens",
-            "Prompt tokens of routed requests",
-            tok_labels,
-            registry=r,
-        )
         self._inventory = _InventoryCollector()
         r.register(self._inventory)
-        self._route_children: dict[tuple[str, str, str, str], Any] = {}
-        self._tok_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-        self._decision_children: dict[str, Any] = {}
+        self._routes = _RouteCollector()
+        r.register(self._routes)
 
     # --- starts ---------------------------------------------------------------------------
 
@@ -252,34 +324,25 @@ class TelemetryMetrics:
     # --- routing --------------------------------------------------------------------------
 
     def observe_route(self, decision: Any) -> None:
-        """Count one routing decision (a ``RouteDecision`` or a mapping with its keys)."""
-        variant = _get(decision, "variant")
-        strategy = _get(decision, "strategy")
-        key = (variant, strategy, _get(decision, "instance") or "", _get(decision, "outcome"))
-        child = self._route_children.get(key)
-        if child is None:
-            child = self._route_children[key] = self.route_decisions.labels(*key)
-        child.inc()
-        hist = self._decision_children.get(strategy)
-        if hist is None:
-            hist = self._decision_children[strategy] = self.route_decision_seconds.labels(strategy)
-        hist.observe(_get(decision, "decision_us") / 1e6)
-        toks = self._tok_children.get((variant, strategy))
-        if toks is None:
-            toks = self._tok_children[(variant, strategy)] = (
-                self.route_predicted.labels(variant, strategy),
-                self.route_actual.labels(variant, strategy),
-                self.route_prompt.labels(variant, strategy),
+        """Count one routing decision (a ``RouteDecision`` or a dict with its keys)."""
+        if isinstance(decision, dict):
+            key = (
+                decision["variant"],
+                decision["strategy"],
+                decision["instance"] or "",
+                decision["outcome"],
             )
-        predicted = _get(decision, "predicted_cached_tokens")
-        actual = _get(decision, "actual_cached_tokens")
-        prompt = _get(decision, "prompt_tokens")
-        if predicted:
-            toks[0].inc(predicted)
-        if actual:
-            toks[1].inc(actual)
-        if prompt:
-            toks[2].inc(prompt)
+            us = decision["decision_us"]
+            predicted = decision.get("predicted_cached_tokens")
+            actual = decision.get("actual_cached_tokens")
+            prompt = decision.get("prompt_tokens")
+        else:
+            key = (decision.variant, decision.strategy, decision.instance or "", decision.outcome)
+            us = decision.decision_us
+            predicted = decision.predicted_cached_tokens
+            actual = decision.actual_cached_tokens
+            prompt = decision.prompt_tokens
+        self._routes.observe(key, us, predicted, actual, prompt)
 
     # --- inventory ------------------------------------------------------------------------
 
