@@ -1,0 +1,345 @@
+"""Start real engines on 127.0.0.1 for tests and benchmarks, and stop them by PID.
+
+Simulated engines (``preheat engine serve`` in subprocesses)::
+
+    with simulated_engines(3, profile="tiny", time_scale=0.01) as engines:
+        urls = [e.url for e in engines]          # all healthy
+
+llama.cpp's ``llama-server`` (built by ``scripts/build-llama-server.sh``)::
+
+    binary = find_llama_server()                 # None when not built
+    model = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    with llama_server(model, slots=2) as srv:
+        ...
+
+Every process gets its own free port (retrying if another process grabbed it first), a
+log file, and is stopped with SIGTERM, then SIGKILL after a grace period, on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from preheat.errors import EngineUnavailable
+
+from .gguf_model import write_tiny_llama_gguf
+
+__all__ = [
+    "EngineProcess",
+    "engine_command",
+    "find_llama_server",
+    "free_port",
+    "llama_server",
+    "llama_server_missing_reason",
+    "simulated_engines",
+    "start_simulated_engine",
+    "write_tiny_llama_gguf",
+]
+
+LLAMA_SERVER_ENV = "PREHEAT_LLAMA_SERVER"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EngineProcess:
+    """A started engine process."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    spawned_at: float
+    """Epoch time just before the process was spawned."""
+    host: str = "127.0.0.1"
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> float:
+        """Poll ``/health`` until 200; returns the epoch time. Raises if the process dies."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineUnavailable(
+                    f"engine on port {self.port} exited with {self.proc.returncode}:\n"
+                    f"{self.log()[-2000:]}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return time.time()
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)
+        raise EngineUnavailable(
+            f"engine on port {self.port} not healthy after {timeout_s:.0f} s:\n{self.log()[-2000:]}"
+        )
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``; safe to call twice."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+def engine_command(
+    port: int,
+    *,
+    profile: str = "tiny",
+    time_scale: float = 0.01,
+    host: str = "127.0.0.1",
+    snapshot: Path | None = None,
+    kv_blocks: int | None = None,
+    max_num_seqs: int | None = None,
+    model_name: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv that runs ``preheat engine serve`` with this interpreter."""
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from preheat.cli import main; sys.exit(main())",
+        "engine",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--profile",
+        profile,
+        "--time-scale",
+        repr(time_scale),
+    ]
+    if snapshot is not None:
+        cmd += ["--snapshot", str(snapshot)]
+    if kv_blocks is not None:
+        cmd += ["--kv-blocks", str(kv_blocks)]
+    if max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(max_num_seqs)]
+    if model_name is not None:
+        cmd += ["--model-name", model_name]
+    return cmd + list(extra)
+
+
+def _spawn(argv: list[str], port: int, log_dir: Path, name: str) -> EngineProcess:
+    log_path = log_dir / f"{name}-{port}.log"
+    log_f = log_path.open("wb")
+    spawned = time.time()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log_f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        log_f.close()
+    return EngineProcess(proc=proc, port=port, log_path=log_path, spawned_at=spawned, args=argv)
+
+
+def start_simulated_engine(
+    *,
+    log_dir: Path,
+    port: int | None = None,
+    wait: bool = True,
+    timeout_s: float = 30.0,
+    **kw: Any,
+) -> EngineProcess:
+    """Start one simulated engine (see :func:`engine_command` for options).
+
+    With ``wait`` it returns once ``/health`` is 200 (retrying on another port if the
+    chosen one was taken). The caller must ``stop()`` it.
+    """
+    for attempt in range(3):
+        p = port or free_port()
+        eng = _spawn(engine_command(p, **kw), p, log_dir, "engine")
+        if not wait:
+            return eng
+        try:
+            eng.wait_healthy(timeout_s)
+            return eng
+        except EngineUnavailable:
+            eng.stop()
+            if (
+                port is not None
+                or attempt == 2
+                or "address already in use" not in eng.log().lower()
+            ):
+                raise
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def simulated_engines(
+    n: int = 1,
+    *,
+    profile: str = "tiny",
+    time_scale: float = 0.01,
+    log_dir: Path | None = None,
+    timeout_s: float = 30.0,
+    **kw: Any,
+) -> Iterator[list[EngineProcess]]:
+    """Start ``n`` simulated engines in parallel, wait until all are healthy, stop them on exit."""
+    tmp = None
+    if log_dir is None:
+        tmp = tempfile.mkdtemp(prefix="preheat-engines-")
+        log_dir = Path(tmp)
+    engines: list[EngineProcess] = []
+    try:
+        for _ in range(n):
+            engines.append(
+                start_simulated_engine(
+                    log_dir=log_dir, wait=False, profile=profile, time_scale=time_scale, **kw
+                )
+            )
+        for i, eng in enumerate(engines):
+            try:
+                eng.wait_healthy(timeout_s)
+            except EngineUnavailable:
+                # Lost a port race: replace that one engine.
+                eng.stop()
+                engines[i] = start_simulated_engine(
+                    log_dir=log_dir,
+                    profile=profile,
+                    time_scale=time_scale,
+                    timeout_s=timeout_s,
+                    **kw,
+                )
+        yield engines
+    finally:
+        for eng in engines:
+            eng.stop()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- llama.cpp ----------------------------------------------------------------------------
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("PREHEAT_CACHE") or Path.home() / ".cache" / "preheat")
+
+
+def find_llama_server() -> Path | None:
+    """``$PREHEAT_LLAMA_SERVER``, the build script's cache, or ``llama-server`` on PATH."""
+    env = os.environ.get(LLAMA_SERVER_ENV)
+    candidates = [Path(env)] if env else []
+    candidates.append(_cache_root() / "llama-server" / "current" / "bin" / "llama-server")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        candidates.append(Path(on_path))
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def llama_server_missing_reason() -> str | None:
+    """None when llama-server is available, else why not and how to get it."""
+    if find_llama_server() is not None:
+        return None
+    return (
+        "llama-server binary not found (looked at $PREHEAT_LLAMA_SERVER, "
+        f"{_cache_root() / 'llama-server/current/bin/llama-server'} and PATH); "
+        "build it with scripts/build-llama-server.sh (make test does)"
+    )
+
+
+@contextlib.contextmanager
+def llama_server(
+    model: Path,
+    *,
+    slots: int = 2,
+    ctx_size: int = 4096,
+    alias: str | None = None,
+    log_dir: Path | None = None,
+    timeout_s: float = 60.0,
+    extra: Sequence[str] = (),
+    wait: bool = True,
+) -> Iterator[EngineProcess]:
+    """Run ``llama-server`` on ``model``: ``-np slots --cache-ram 0 --metrics -t 1 -tb 1``.
+
+    ``-np N --cache-ram 0`` gives exactly N slots of prompt cache (no host-RAM cache), and
+    one thread keeps timings stable on small machines.
+    """
+    binary = find_llama_server()
+    if binary is None:
+        raise EngineUnavailable(llama_server_missing_reason() or "llama-server not found")
+    tmp = None
+    if log_dir is None:
+        tmp = tempfile.mkdtemp(prefix="preheat-llama-")
+        log_dir = Path(tmp)
+    srv: EngineProcess | None = None
+    try:
+        for attempt in range(3):
+            port = free_port()
+            argv = [
+                str(binary),
+                "-m", str(model),
+                "--host", "127.0.0.1",
+                "--port", str(port),
+                "-np", str(slots),
+                "-c", str(ctx_size),
+                "--cache-ram", "0",
+                "--metrics",
+                "-t", "1",
+                "-tb", "1",
+                "--no-webui",
+                *(["--alias", alias] if alias else []),
+                *extra,
+            ]  # fmt: skip
+            srv = _spawn(argv, port, log_dir, "llama-server")
+            if not wait:
+                break
+            try:
+                srv.wait_healthy(timeout_s)
+                break
+            except EngineUnavailable:
+                srv.stop()
+                if attempt == 2 or "bind" not in srv.log().lower():
+                    raise
+        assert srv is not None
+        yield srv
+    finally:
+        if srv is not None:
+            srv.stop()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
