@@ -14,6 +14,7 @@ start the same way with ``start_peer_router``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -218,7 +219,8 @@ def fast_backend_app(name: str = "backend") -> Any:
     state = {"healthy": True, "requests": 0}
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = json.loads(raw)
         state["requests"] += 1
         test = body.get("preheat_test") or {}
         if test.get("hang_s"):
@@ -252,6 +254,7 @@ def fast_backend_app(name: str = "backend") -> Any:
                 "id": "c",
                 "object": "text_completion",
                 "backend": name,
+                "body_sha256": hashlib.sha256(raw).hexdigest(),
                 "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
                 "usage": usage,
             }

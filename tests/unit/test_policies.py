@@ -1,0 +1,216 @@
+"""The routing policies: random, least_outstanding and prefix_aware (pure, in-process)."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from collections import Counter
+
+import pytest
+
+from preheat.errors import ConfigError, NoHealthyInstance
+from preheat.router.policies import (
+    POLICIES,
+    Instance,
+    PolicyParams,
+    PrefixAwarePolicy,
+    RouteRequest,
+    make_policy,
+)
+
+SALT = b"0123456789abcdef-test-salt"
+
+
+def _fleet(n: int) -> list[Instance]:
+    return [Instance(f"http://127.0.0.1:{9000 + i}") for i in range(n)]
+
+
+def _doc(i: int, n: int = 6000) -> str:
+    rng = random.Random(i)
+    return "".join(rng.choice("abcdefgh ijklmn") for _ in range(n))
+
+
+def _req(text: str, rid: str = "r", hint: str | None = None) -> RouteRequest:
+    return RouteRequest(request_id=rid, body={"prompt": text}, hint=hint)
+
+
+def _route(policy, req, fleet):  # type: ignore[no-untyped-def]
+    c = policy.choose(req, fleet)
+    c.instance.in_flight += 1
+    policy.on_sent(req, c)
+    return c
+
+
+def test_registry_and_bad_names() -> None:
+    """POLICIES names the three strategies; unknown names and bad params are refused."""
+    assert set(POLICIES) == {"random", "least_outstanding", "prefix_aware"}
+    with pytest.raises(ConfigError, match="unknown; choose one of"):
+        make_policy("round_robin", PolicyParams(), salt=SALT, rng=random.Random(0))
+    with pytest.raises(ConfigError, match="concurrency_threshold 0"):
+        PolicyParams(concurrency_threshold=0)
+    with pytest.raises(ConfigError, match="balance_epsilon"):
+        PolicyParams(balance_epsilon=0)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_an_empty_instance_list_raises_no_healthy_instance(name: str) -> None:
+    """Every policy raises NoHealthyInstance when nothing can take the request."""
+    p = make_policy(name, PolicyParams(), salt=SALT, rng=random.Random(0))
+    with pytest.raises(NoHealthyInstance):
+        p.choose(_req("x" * 10), [])
+
+
+def test_random_spreads_uniformly() -> None:
+    """7 instances each get about 1/7 of 7,000 requests."""
+    p = make_policy("random", PolicyParams(), salt=SALT, rng=random.Random(3))
+    fleet = _fleet(7)
+    counts = Counter(p.choose(_req("a"), fleet).instance.id for _ in range(7000))
+    assert len(counts) == 7 and max(counts.values()) < 1150 and min(counts.values()) > 850
+
+
+def test_least_outstanding_picks_the_least_loaded() -> None:
+    """The instance with the fewest in-flight requests wins; ties are shared."""
+    p = make_policy("least_outstanding", PolicyParams(), salt=SALT, rng=random.Random(3))
+    fleet = _fleet(4)
+    for inst, load in zip(fleet, (3, 1, 2, 1), strict=True):
+        inst.in_flight = load
+    picks = Counter(p.choose(_req("a"), fleet).instance.id for _ in range(400))
+    assert set(picks) == {fleet[1].id, fleet[3].id}
+    assert min(picks.values()) > 150
+    assert p.choose(_req("a"), fleet).outcome == "least_outstanding"
+
+
+def test_prefix_aware_is_sticky_and_replicas_agree() -> None:
+    """The same prefix goes to the same instance, in two independent policy objects."""
+    a = PrefixAwarePolicy(PolicyParams(prefix_length=4096), salt=SALT)
+    b = PrefixAwarePolicy(PolicyParams(prefix_length=4096), salt=SALT)
+    fa, fb = _fleet(7), _fleet(7)
+    for i in range(50):
+        text = _doc(i % 10) + f" question {i}"
+        ca = a.choose(_req(text), fa)
+        cb = b.choose(_req(text), fb)
+        a.on_sent(_req(text), ca)
+        b.on_sent(_req(text), cb)
+        assert ca.instance.id == cb.instance.id
+    # Docs are 6,000 chars > prefix_length: every repeat of a doc lands on one instance.
+    homes = {a.choose(_req(_doc(d) + " q"), fa).instance.id for d in range(3) for _ in range(3)}
+    assert len(homes) <= 3
+    other_salt = PrefixAwarePolicy(PolicyParams(), salt=SALT + b"x")
+    picks = [other_salt.choose(_req(_doc(d)), fa).instance.id for d in range(20)]
+    mine = [a.choose(_req(_doc(d)), fa).instance.id for d in range(20)]
+    assert picks != mine
+
+
+def test_learned_index_keeps_a_document_with_a_changing_tail() -> None:
+    """With prefix_length beyond the document, later questions still find its holder."""
+    p = PrefixAwarePolicy(PolicyParams(prefix_length=16384), salt=SALT)
+    fleet = _fleet(7)
+    doc = _doc(42)
+    first = _route(p, _req(doc + " what is x?"), fleet)
+    fleet[fleet.index(first.instance)].in_flight = 0
+    again = p.choose(_req(doc + " and what about y, z and w?"), fleet)
+    assert again.instance is first.instance
+    assert again.outcome == "affinity"
+    assert again.matched_blocks == len(doc) // 2048
+    assert again.predicted_cached_tokens == again.matched_blocks * 2048 // 4
+
+
+def test_multi_turn_chat_stays_on_its_instance() -> None:
+    """Each turn extends the last one; the conversation never moves while load allows."""
+    p = PrefixAwarePolicy(PolicyParams(prefix_length=65536), salt=SALT)
+    fleet = _fleet(7)
+    msgs = [{"role": "system", "content": "You are a helpful assistant. " * 30}]
+    homes = set()
+    for turn in range(8):
+        msgs.append({"role": "user", "content": _doc(turn, 400)})
+        req = RouteRequest(f"t{turn}", body={"messages": list(msgs)})
+        c = p.choose(req, fleet)
+        p.on_sent(req, c)
+        homes.add(c.instance.id)
+        msgs.append({"role": "assistant", "content": _doc(100 + turn, 600)})
+    assert len(homes) == 1
+
+
+def test_bounded_load_spills_along_a_stable_order() -> None:
+    """A hot prefix fills its home to the bound, then always spills to the same next one."""
+    p = PrefixAwarePolicy(PolicyParams(prefix_length=4096, balance_epsilon=0.25), salt=SALT)
+    fleet = _fleet(7)
+    for inst in fleet:
+        inst.in_flight = 4
+    hot = _doc(7)
+    first = _route(p, _req(hot), fleet)
+    # Others at 4, home at 5: cap = ceil(1.25 * 30 / 7) = 6, so home still takes one more.
+    _route(p, _req(hot), fleet)
+    assert first.instance.in_flight == 6
+    spills = [_route(p, _req(hot + f" q{i}"), fleet) for i in range(3)]
+    assert all(c.outcome == "spill" for c in spills[:1])
+    assert all(c.instance is not first.instance for c in spills)
+    # Nothing ever goes above the bound.
+    total = sum(i.in_flight for i in fleet)
+    assert max(i.in_flight for i in fleet) <= -(-1.25 * total // 7) + 1
+    # The spill target is the same for a second fleet with the same history.
+    q = PrefixAwarePolicy(PolicyParams(prefix_length=4096, balance_epsilon=0.25), salt=SALT)
+    fleet2 = _fleet(7)
+    for inst in fleet2:
+        inst.in_flight = 4
+    for _ in range(2):
+        _route(q, _req(hot), fleet2)
+    assert _route(q, _req(hot + " q0"), fleet2).instance.id == spills[0].instance.id
+
+
+def test_threshold_and_fallback() -> None:
+    """At concurrency_threshold an instance is skipped; if all are, the least loaded wins."""
+    p = PrefixAwarePolicy(PolicyParams(concurrency_threshold=2, balance_epsilon=10), salt=SALT)
+    fleet = _fleet(3)
+    for inst, load in zip(fleet, (2, 2, 1), strict=True):
+        inst.in_flight = load
+    c = p.choose(_req(_doc(1)), fleet)
+    assert c.instance is fleet[2]
+    fleet[2].in_flight = 2
+    fleet[0].in_flight = 3
+    c = p.choose(_req(_doc(1)), fleet)
+    assert c.outcome == "fallback" and c.instance in (fleet[1], fleet[2])
+
+
+def test_hint_overrides_the_text() -> None:
+    """Requests with one X-Preheat-Prefix-Id go together whatever their text."""
+    p = PrefixAwarePolicy(PolicyParams(), salt=SALT)
+    fleet = _fleet(7)
+    picks = set()
+    for i in range(5):
+        picks.add(_route(p, _req(_doc(i), hint="session-42"), fleet).instance.id)
+        for inst in fleet:
+            inst.in_flight = 0
+    assert len(picks) == 1
+    c = p.choose(_req("x", hint="session-42"), fleet)
+    assert c.outcome == "hint"
+
+
+def test_removed_instances_are_forgotten() -> None:
+    """forget() drops an instance from the learned index; its prefixes re-home."""
+    p = PrefixAwarePolicy(PolicyParams(prefix_length=16384), salt=SALT)
+    fleet = _fleet(4)
+    doc = _doc(5) + " q"
+    home = _route(p, _req(doc), fleet).instance
+    p.forget(home.id)
+    rest = [i for i in fleet if i is not home]
+    assert p.choose(_req(doc), rest).instance in rest
+
+
+def test_memory_stays_bounded_with_100k_distinct_prefixes() -> None:
+    """index_entries caps the learned index; 100,000 prefixes stay under ~3 MB."""
+    p = PrefixAwarePolicy(
+        PolicyParams(prefix_length=1024, block_chars=512, index_entries=10_000), salt=SALT
+    )
+    fleet = _fleet(8)
+    tracemalloc.start()
+    try:
+        for i in range(100_000):
+            req = _req(f"{i:08d}" * 100)
+            c = p.choose(req, fleet)
+            p.on_sent(req, c)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(p.index) <= 10_000
+    assert peak < 3_000_000, peak
