@@ -31,6 +31,7 @@ import ctypes.util
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import threading
 import time
@@ -133,29 +134,38 @@ class _Progress:
             self.cond.notify_all()
 
     def hash_following(self, fd: int, sync: bool) -> str | None:
-        """Runs in a thread: sha256 of the file as its contiguous prefix grows."""
+        """Runs in a thread: sha256 of the file as its contiguous prefix grows.
+
+        Reads through a read-only mmap of the file, so hashing costs no copy out of the
+        page cache (hashlib releases the GIL on large buffers)."""
         h = hashlib.sha256()
-        buf = bytearray(_HASH_READ)
-        mv = memoryview(buf)
-        pos = 0
-        synced = 0
-        while pos < self.size:
-            with self.cond:
-                while self.watermark <= pos and not self.cancelled:
-                    self.cond.wait(0.25)
-                if self.cancelled:
-                    return None
-                wm = self.watermark
-            while pos < wm:
-                got = os.preadv(fd, [mv[: min(_HASH_READ, wm - pos)]], pos)
-                if got <= 0:
-                    raise OSError(f"short read at {pos} while hashing")
-                h.update(mv[:got])
-                pos += got
-            if sync and pos - synced >= _SYNC_EVERY:
-                _start_writeback(fd, synced, pos - synced)
-                synced = pos
-        return h.hexdigest()
+        if self.size == 0:
+            return h.hexdigest()
+        mm = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
+        with contextlib.suppress(OSError, AttributeError):
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(mm)
+        try:
+            pos = 0
+            synced = 0
+            while pos < self.size:
+                with self.cond:
+                    while self.watermark <= pos and not self.cancelled:
+                        self.cond.wait(0.25)
+                    if self.cancelled:
+                        return None
+                    wm = self.watermark
+                while pos < wm:
+                    n = min(_HASH_READ, wm - pos)
+                    h.update(view[pos : pos + n])
+                    pos += n
+                if sync and pos - synced >= _SYNC_EVERY:
+                    _start_writeback(fd, synced, pos - synced)
+                    synced = pos
+            return h.hexdigest()
+        finally:
+            view.release()
+            mm.close()
 
 
 async def lock_file(path: Path, poll: float = 0.05) -> int:
@@ -325,9 +335,9 @@ async def _fetch_range(
             except RETRYABLE as exc:
                 attempt += 1
                 if attempt > ctx.retries:
-                    raise OriginUnavailable(
-                        f"{location.url}: giving up after {attempt} attempts "
-                        f"on bytes {pos}-{end - 1}: {exc}"
+                    kind = type(exc) if isinstance(exc, TruncatedBody) else OriginUnavailable
+                    raise kind(
+                        f"{exc} (gave up after {attempt} attempts at bytes {pos}-{end - 1})"
                     ) from exc
                 await asyncio.sleep(min(5.0, ctx.backoff * 2 ** (attempt - 1)))
                 continue

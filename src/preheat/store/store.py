@@ -130,6 +130,8 @@ class NodeStore:
         high_watermark: float = 0.9,
         *,
         fsync: bool = True,
+        retries: int = 5,
+        backoff: float = 0.2,
     ) -> None:
         if capacity is not None and capacity <= 0:
             raise ConfigError(f"capacity {capacity} must be a positive byte count")
@@ -139,6 +141,8 @@ class NodeStore:
         self.capacity = capacity
         self.high_watermark = high_watermark
         self.fsync = fsync
+        self.retries = retries
+        self.backoff = backoff
         self.layout = Layout(self.root)
         self.layout.ensure()
         self._db = Db(self.layout.db)
@@ -153,14 +157,19 @@ class NodeStore:
         rate_limit: float | None = None,
         connections: int = 8,
         progress: Progress | None = None,
+        chunk: int = DEFAULT_CHUNK,
     ) -> PullResult:
-        """Resolve ``ref``, fetch what is missing, publish a verified snapshot (blocking)."""
+        """Resolve ``ref``, fetch what is missing, publish a verified snapshot (blocking).
+
+        ``rate_limit`` caps bytes/s over all connections; ``chunk`` is the size of one
+        ranged request (and the unit a resumed fill skips)."""
         coro = self.apull(
             ref,
             endpoint_url=endpoint_url,
             rate_limit=rate_limit,
             connections=connections,
             progress=progress,
+            chunk=chunk,
         )
         try:
             import uvloop
@@ -182,6 +191,8 @@ class NodeStore:
         """``pull`` for callers that already run an event loop."""
         if connections < 1:
             raise ConfigError(f"connections {connections} must be >= 1")
+        if chunk < 64 << 10:
+            raise ConfigError(f"chunk size {chunk} is below 64 KiB; use e.g. 32MiB")
         if rate_limit is not None and rate_limit <= 0:
             raise ConfigError(f"rate_limit {rate_limit} must be > 0 bytes/s (or None)")
         t0 = time.monotonic()
@@ -275,6 +286,8 @@ class NodeStore:
             limiter=RateLimiter(rate_limit) if rate_limit else None,
             fsync=self.fsync,
             chunk=chunk,
+            retries=self.retries,
+            backoff=self.backoff,
         )
         files = asyncio.Semaphore(4)  # files hashed at once (one thread each)
         out: dict[str, str] = {}
