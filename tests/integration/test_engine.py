@@ -159,6 +159,26 @@ async def test_disconnect_mid_stream_frees_blocks(engine: EngineProcess) -> None
         assert m.samples.get("vllm:generation_tokens_total", 0) < base.generation_tokens + 20_000
 
 
+async def test_disconnect_while_waiting_for_plain_response(engine: EngineProcess) -> None:
+    """A non-streaming client that gives up also has its sequence aborted."""
+    async with EngineClient(engine.url) as c:
+        task = asyncio.create_task(c.completion(DOC, max_tokens=20_000))
+        deadline = time.monotonic() + 10
+        while (await c.metrics()).requests_running == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await c.close()  # drop the pooled connection the cancelled request used
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            m = await c.metrics()
+            if m.requests_running == 0 and m.kv_cache_usage == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (m.requests_running, m.kv_cache_usage) == (0, 0)
+
+
 async def test_startup_stages_with_snapshot(tmp_path: Path) -> None:
     """With --snapshot every weight byte is read before healthy; /startup has ordered epoch stages."""
     snap = tmp_path / "snap"
