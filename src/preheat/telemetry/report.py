@@ -347,7 +347,8 @@ def _plot_route_share(stats: Sequence[RoutingStats], path: Path) -> bool:
         xs = [i + (j - (k - 1) / 2) * width for i in range(len(instances))]
         ax.bar(xs, [s.shares.get(i, 0.0) for i in instances], width=width, label=s.strategy)
     ax.axhline(1 / len(instances), color="#5c6578", ls="--", lw=1, label="even share")
-    ax.set_xticks(range(len(instances)), instances, rotation=20, fontsize=8)
+    labels = [i.removeprefix("http://").removeprefix("https://") for i in instances]
+    ax.set_xticks(range(len(instances)), labels, rotation=20, fontsize=8)
     ax.set_ylabel("share of routed requests")
     ax.set_title("Per-instance share of requests, by routing strategy")
     ax.legend(fontsize=8)
@@ -656,7 +657,10 @@ def write_report(
                         else f"{s.mean_abs_error_tokens:.1f}",
                         f"{s.decision_us_p50:.1f} us",
                         f"{s.decision_us_p99:.1f} us",
-                        ", ".join(f"{k}: {100 * v:.0f}%" for k, v in s.shares.items()),
+                        ", ".join(
+                            f"{k.removeprefix('http://')}: {100 * v:.0f}%"
+                            for k, v in s.shares.items()
+                        ),
                     ]
                     for s in stats
                 ),
