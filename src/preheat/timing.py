@@ -25,20 +25,34 @@ head dim) and model cards (parameter counts).
 Efficiencies and KV capacity: vLLM reserves ``gpu_memory_utilization`` = 0.90 of GPU
 memory; KV capacity is what is left after weights and a per-GPU activation/CUDA-graph
 reserve, divided by KV bytes per token (what vLLM logs as "GPU KV cache size").
-Calibration anchors (published vLLM figures the derived numbers are checked against):
+Calibration anchors (published vLLM measurements the derived numbers are checked against):
 
+* J. Musgrave, "vLLM throughput-latency sweep on NVIDIA A100" (johnmusgrave.com, vLLM
+  0.23, Llama-3.1-8B BF16, 1024-in/128-out): single-stream decode ~75 tok/s on one
+  A100-40GB, "roughly 77 % of the GPU's memory-bandwidth ceiling", flat up to ~8
+  concurrent streams. Hence ``_BW_EFF`` = 0.70 and memory-bound decode; the same model
+  on one H100 predicts ~7.9 ms TPOT (8B profile below).
+* Lambda Labs, "vllm-benchmark" (github.com/LambdaLabsML/vllm-benchmark, benchmark_v0.md,
+  vLLM 0.5.4, 320 concurrent prompts, 2k context): Llama-3.1-8B-FP8 on 1xH100 3,400 output
+  tok/s at 19.75 ms per token. Our 8B roofline with FP8 halving weight bytes and FLOPs,
+  the batch capped by KV capacity (~230 x 2k tokens) and ~1k mean context gives 18.5 ms.
+  Same report: Llama-3.1-70B-FP8 on 8xH100 2,573 tok/s at 33.7 ms; vLLM 0.5.4 still had
+  the CPU overhead that v0.6 removed (next item), so our 70B profile is faster there
+  (~13 ms with FP8 weights, ~19 ms in BF16, at 256 x 1k context).
 * vLLM blog "vLLM v0.6.0: 2.7x Throughput Improvement and 5x Latency Reduction"
-  (blog.vllm.ai/2024/09/05/perf-update.html): Llama-3-8B on 1xH100 and Llama-3-70B on
-  4xH100, ShareGPT; low-load TPOT of a few ms (8B) and ~2x that for 70B on 4 GPUs.
-* Lambda Labs "vllm-benchmark" report (LambdaLabsML/vllm-benchmark, benchmark_v0.md):
-  Llama 3.1 8B-405B on 1-8x H100, vLLM v0.6; H100 ~2x A100 throughput and TPOT.
-* Llama-3.3-70B on 8xA100 TP8 with vLLM 0.6 (evokernel case case-llama33-a100x8-vllm-001,
-  synthesised from public runs, +/-10 %): prefill 18,200 tok/s, TBT p50 32 ms at batch 16;
-  H100 has 3.2x the dense BF16 FLOP/s and 1.7x the bandwidth of A100-80GB, which our
-  derived 70B/8xH100 figures (prefill ~22k tok/s at 40 % MFU, TPOT ~10.5-13 ms) stay within.
-* Ori "Benchmarking Llama 3.1 8B Instruct on H100 and A100 with vLLM" and the Azure HPC
-  blog "Performance of Llama 3.1 8B AI Inference using vLLM on ND-H100-v5" (2025): 8B
-  single-stream decode on one H100 at roughly 120-150 tok/s, i.e. 7-8 ms TPOT.
+  (blog.vllm.ai/2024/09/05/perf-update.html): CPU scheduling overhead dominated small
+  steps before v0.6 (Llama-3-8B on 1xH100, 70B on 4xH100); hence a fixed per-step overhead
+  of 1 ms (one GPU) to 3 ms (TP=8 all-reduces) and no per-token CPU cost.
+* Prefill at 40 % MFU (``_MFU``) is an assumption: H100 dense-GEMM kernels reach 60-70 %
+  of peak, and vLLM's prefill adds attention, norms and scheduling. A check against the
+  only end-to-end figure at hand: AWS's "Reduce LLM latency with prefix-aware routing on
+  Amazon SageMaker Inference" (Llama-3.1-70B, p5.48xlarge = 8xH100, vLLM, 8,000-token
+  shared prefix) reports P50 TTFT -71 to -77 % once the prefix hits; our 70B profile
+  predicts -78 % for an 8,000-token hit with ~2,000 uncached tokens on an idle engine
+  (-88 % with 1,000), i.e. the same order (their TTFT also includes queueing).
+* vLLM's defaults: ``gpu_memory_utilization`` 0.90, ``block_size`` 16,
+  ``max_num_batched_tokens`` 8192 for the OpenAI server on large GPUs, ``max_num_seqs``
+  256 (vLLM engine-argument documentation).
 """
 
 from __future__ import annotations
