@@ -187,7 +187,9 @@ async def test_startup_stages_with_snapshot(tmp_path: Path) -> None:
     for name, size in sizes.items():
         (snap / name).write_bytes(b"\x01" * size)
     t0 = time.time()
-    with simulated_engines(1, snapshot=snap, model_name="acme/chat") as (eng,):
+    with simulated_engines(
+        1, snapshot=snap, model_name="acme/chat", extra=["--warmup-seconds", "20"]
+    ) as (eng,):
         async with EngineClient(eng.url) as c:
             st = await c.probe_start(spawned_at=eng.spawned_at)
             assert await c.models() == ["acme/chat"]
@@ -198,6 +200,7 @@ async def test_startup_stages_with_snapshot(tmp_path: Path) -> None:
     assert st.runtime_started is not None and st.weights_loaded is not None
     assert st.healthy is not None
     assert t0 <= st.runtime_started <= st.weights_loaded <= st.healthy <= time.time()
+    assert st.healthy - st.weights_loaded >= 0.2  # 20 s of warm-up at --time-scale 0.01
     assert "start_stage" in log and "weights_loaded" in log
 
 

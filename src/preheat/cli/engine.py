@@ -56,6 +56,14 @@ def engine() -> None:
 @click.option(
     "--no-prefix-caching", is_flag=True, help="Disable prefix caching (every prompt is cold)."
 )
+@click.option(
+    "--warmup-seconds",
+    type=click.FloatRange(0.0),
+    default=0.0,
+    show_default=True,
+    help="Simulated runtime warm-up after the weights are read and before /health is OK "
+    "(vLLM: KV allocation, CUDA graphs); scaled by --time-scale.",
+)
 def serve(
     host: str,
     port: int,
@@ -67,6 +75,7 @@ def serve(
     max_num_batched_tokens: int | None,
     model_name: str | None,
     no_prefix_caching: bool,
+    warmup_seconds: float,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /startup, /metrics.
 
@@ -91,6 +100,7 @@ def serve(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=not no_prefix_caching,
+            warmup_s=warmup_seconds,
             runtime_started=started,
         )
     )

@@ -68,6 +68,9 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     enable_prefix_caching: bool = True
+    warmup_s: float = 0.0
+    """Simulated runtime warm-up between weights_loaded and healthy (KV allocation, CUDA
+    graph capture: tens of seconds in vLLM); scaled by ``time_scale`` like every step."""
     runtime_started: float | None = None
     """Epoch time the process started; default: when the server object is made."""
 
@@ -168,6 +171,8 @@ class EngineServer:
             self.weights_bytes, self.weights_files = await asyncio.to_thread(_read_all, snap)
         self.stages["weights_loaded"] = time.time()
         self._log_stage("weights_loaded")
+        if self.config.warmup_s * self.time_scale > 0:
+            await asyncio.sleep(self.config.warmup_s * self.time_scale)
         self.ready = True
         self.stages["healthy"] = time.time()
         self._log_stage("healthy")
