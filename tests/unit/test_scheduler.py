@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -158,3 +159,46 @@ def test_output_blocks_become_cached_for_the_next_turn() -> None:
     kv = s.kv  # the answer's tokens are the deterministic filler ids
     follow = [*p, *Tokenizer.filler_ids(0, 16), *prompt(20, seed=6)]
     assert kv.cached_tokens(kv.hashes(follow), len(follow)) == 48
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_workload_invariants(seed: int) -> None:
+    """Random shared-prefix traffic with aborts under tight KV: every survivor gets max_tokens, nothing leaks."""
+    rng = random.Random(seed)
+    s = Scheduler(TINY, kv_blocks=rng.choice([12, 24, 64]), max_num_seqs=rng.choice([2, 4, 16]))
+    docs = [prompt(rng.randrange(16, 120), seed=100 + i) for i in range(3)]
+    expected: dict[int, int] = {}
+    got: dict[int, int] = {}
+    now = 0.0
+    next_id = 0
+    for _ in range(400):
+        if rng.random() < 0.3 and next_id < 60:
+            p = [*rng.choice(docs), *prompt(rng.randrange(1, 40), seed=next_id)]
+            mt = rng.randrange(1, 30)
+            try:
+                s.add_request(next_id, p, mt, now)
+                expected[next_id] = mt
+            except PromptTooLong:
+                pass
+            next_id += 1
+        if rng.random() < 0.05 and expected:
+            victim = rng.choice(sorted(expected))
+            if s.abort(victim):
+                expected.pop(victim)
+        step = s.schedule()
+        if step is None:
+            continue
+        now += step.duration
+        for o in s.complete(step, now):
+            assert o.req_id in expected
+            if o.finished:
+                got[o.req_id] = o.num_output_tokens
+        st = s.kv.stats()
+        assert 0 <= st.free_blocks <= st.num_blocks
+        assert st.hits <= st.queries
+        assert s.num_running <= s.max_num_seqs
+    now, outs = s.run_until_idle(now)
+    got.update({o.req_id: o.num_output_tokens for o in outs if o.finished})
+    assert got == expected
+    assert s.kv.free_blocks == s.kv.num_blocks
+    assert not s.has_work
