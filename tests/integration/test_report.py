@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from matplotlib.image import imread
 
 from preheat.telemetry.events import EventClass, EventLog
 from preheat.telemetry.inventory import NodeInventory, SnapshotEntry, WarmupFailure
-from preheat.telemetry.report import write_report
+from preheat.telemetry.report import read_route_decisions, routing_stats, write_report
+from preheat.telemetry.routing import DecisionLog, RouteDecision
 from preheat.telemetry.stats import stage_table
 from preheat.testing.telemetry import synthetic_route_decisions, synthetic_starts
 
@@ -157,3 +159,44 @@ def test_cli_json_and_bad_input(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert "bad.jsonl:1" in proc.stderr
+
+
+def test_report_reads_the_routers_decision_log(tmp_path: Path) -> None:
+    """Lines written by the router's DecisionLog feed the routing section as they are."""
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog(path, 1.0, rng=random.Random(0))
+    try:
+        for i in range(40):
+            log.write(
+                RouteDecision(
+                    ts=1.7e9 + i,
+                    request_id=f"r{i}",
+                    variant="main",
+                    strategy="prefix_aware" if i % 2 else "random",
+                    instance=f"http://127.0.0.1:{9000 + i % 3}",
+                    rank=0,
+                    outcome="affinity" if i % 2 else "random",
+                    matched_blocks=i % 4,
+                    prefix_blocks=4,
+                    predicted_cached_tokens=None if i % 2 == 0 else 16 * (i % 4),
+                    actual_cached_tokens=None if i == 5 else 16 * (i % 4),
+                    prompt_tokens=None if i == 5 else 80,
+                    decision_us=4.0 + i % 5,
+                )
+            )
+    finally:
+        log.close()
+    rows = read_route_decisions(path)
+    assert len(rows) == 40
+    stats = {s.strategy: s for s in routing_stats(rows)}
+    pa = stats["prefix_aware"]
+    reported = [i for i in range(1, 40, 2) if i != 5]
+    assert pa.kv_hit_rate == sum(16 * (i % 4) for i in reported) / (80 * len(reported))
+    assert pa.predicted_hit_rate == pa.kv_hit_rate  # the prediction matched every time
+    assert pa.mean_abs_error_tokens == 0
+    assert abs(sum(pa.shares.values()) - 1.0) < 1e-9
+    index = write_report([], tmp_path / "report", route_decisions_path=path)
+    page = index.read_text()
+    for png in ("route_share.png", "kv_hit_rate.png", "predicted_vs_actual.png"):
+        assert f'src="{png}"' in page
+        assert (tmp_path / "report" / png).is_file()
