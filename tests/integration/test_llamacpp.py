@@ -77,3 +77,20 @@ async def test_chat_stream_and_models(server: EngineProcess) -> None:
         assert r.prompt_tokens > 0
         assert r.ttft_s <= r.e2e_s
         assert await c.health()
+
+
+@pytest.mark.parametrize(("slots", "hits_on_return"), [(1, False), (2, True)])
+async def test_slots_bound_the_prompt_cache(model: Path, slots: int, hits_on_return: bool) -> None:
+    """With -np N --cache-ram 0 an engine keeps exactly N prompts: A,B,A hits only if N >= 2."""
+    a = "The model cache keeps weights on each node's local disk. " * 3 + "ok?"
+    b = "Prefix-aware routing sends requests to the same instance. " * 3 + "ok?"
+    with llama_server(model, slots=slots) as srv:
+        async with EngineClient(srv.url) as c:
+            results = [await c.completion(p, max_tokens=2) for p in (a, b, a)]
+    third = results[2]
+    assert results[0].cached_tokens == 0 and results[1].cached_tokens == 0
+    assert third.cached_tokens is not None
+    if hits_on_return:
+        assert third.cached_tokens == third.prompt_tokens - 1  # all but the last token
+    else:
+        assert third.cached_tokens == 0
