@@ -243,3 +243,19 @@ def test_sampled_log_writes_the_given_fraction(tmp_path: Path) -> None:
     for bad in (0.0, 1.5, -1.0):
         with pytest.raises(ValueError, match="outside"):
             SampledLog(EventLog(tmp_path / "x.jsonl"), bad)
+
+
+def test_hooks_see_each_record_and_never_break_the_log(tmp_path: Path) -> None:
+    """Hooks run after each write; a failing hook is counted, the record is still kept."""
+    seen: list[StartRecord] = []
+
+    def broken(record: StartRecord) -> None:
+        raise RuntimeError("exporter down")
+
+    with EventLog(tmp_path / "events.jsonl", hooks=[seen.append, broken]) as log:
+        for i in range(3):
+            log.append(make(replica=f"r{i}"))
+    assert [r.replica for r in seen] == ["r0", "r1", "r2"]
+    assert log.hook_errors == 3
+    assert log.last_hook_error is not None and "exporter down" in log.last_hook_error
+    assert len(read_start_records(tmp_path / "events.jsonl")) == 3

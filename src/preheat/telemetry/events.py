@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -277,10 +277,21 @@ class EventLog:
     as a context manager; a closed log reopens on the next ``append``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        hooks: Iterable[Callable[[Any], object]] = (),
+    ) -> None:
         self.path = Path(path)
         self._fsync = fsync
         self._fd: int | None = None
+        #: Called with each record after it is written (exporters: ``observe_start``).
+        self.hooks: list[Callable[[Any], object]] = list(hooks)
+        #: Hook failures: a broken exporter never fails the start it describes.
+        self.hook_errors = 0
+        self.last_hook_error: str | None = None
 
     def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,8 +307,15 @@ class EventLog:
         return fd
 
     def append(self, record: _Jsonable) -> None:
-        """Write one record as one line; durable on return when ``fsync=True``."""
+        """Write one record as one line (durable on return when ``fsync=True``), then run
+        the hooks; a hook that raises is counted in ``hook_errors``, not propagated."""
         self.append_line(record.to_json())
+        for hook in self.hooks:
+            try:
+                hook(record)
+            except Exception as exc:
+                self.hook_errors += 1
+                self.last_hook_error = f"{getattr(hook, '__qualname__', hook)}: {exc!r}"
 
     def append_line(self, line: str) -> None:
         """Write one already-encoded JSON object (no newline inside) as one line."""

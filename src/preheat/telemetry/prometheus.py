@@ -32,12 +32,15 @@ lock, turned into metric families at scrape time (see ``_RouteCollector``).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -51,7 +54,13 @@ from prometheus_client.registry import Collector
 from preheat.telemetry.events import StartRecord
 from preheat.telemetry.inventory import NodeInventory
 
-__all__ = ["CONTENT_TYPE_LATEST", "START_BUCKETS", "TelemetryMetrics"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "START_BUCKETS",
+    "TelemetryMetrics",
+    "metrics_app",
+    "serve_metrics",
+]
 
 #: Start-time buckets: sub-second warm restarts up to hour-long cold pulls of large models.
 START_BUCKETS: tuple[float, ...] = (
@@ -355,3 +364,46 @@ class TelemetryMetrics:
     def exposition(self) -> bytes:
         """The ``/metrics`` body in the Prometheus text format (``CONTENT_TYPE_LATEST``)."""
         return generate_latest(self.registry)
+
+
+# --- serving ----------------------------------------------------------------------------------
+
+
+def metrics_app(
+    metrics: TelemetryMetrics, *, refresh: Callable[[], Awaitable[None] | None] | None = None
+) -> web.Application:
+    """An aiohttp app serving ``GET /metrics``; ``refresh`` runs before each scrape
+    (for example to re-read the node inventory), sync or async."""
+
+    async def handle(request: web.Request) -> web.Response:
+        if refresh is not None:
+            out = refresh()
+            if inspect.isawaitable(out):
+                await out
+        return web.Response(
+            body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serve_metrics(
+    metrics: TelemetryMetrics,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    refresh: Callable[[], Awaitable[None] | None] | None = None,
+) -> AsyncIterator[str]:
+    """Serve ``/metrics`` while the block runs; yields the base URL (port 0 picks one)."""
+    runner = web.AppRunner(metrics_app(metrics, refresh=refresh), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1]
+        yield f"http://{host}:{bound}"
+    finally:
+        await runner.cleanup()
