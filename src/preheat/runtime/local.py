@@ -184,6 +184,8 @@ class LocalFleet:
         self.waiting: dict[str, str] = {}
         self.resolve_error: str | None = None
         self.restarts_total = 0
+        #: (node, revision) -> bytes fetched from the origin (warm-ups and cold starts).
+        self.origin_bytes: Counter[tuple[str, str]] = Counter()
         self.starts_total = 0
         self._seq = 0
         self._deployed = False
@@ -440,6 +442,10 @@ class LocalFleet:
             "events": str(self.events.path),
             "messages": list(self.messages),
         }
+
+    def fetched_bytes(self, revision: str) -> int:
+        """Bytes fetched from the origin for ``revision`` over all nodes."""
+        return sum(n for (_, rev), n in self.origin_bytes.items() if rev == revision)
 
     def ready_count(self, variant: str | None = None, revision: str | None = None) -> int:
         return sum(
@@ -714,6 +720,7 @@ class LocalFleet:
         finally:
             node.progress.pop(revision, None)
         node.warm_failures.pop(revision, None)
+        self.origin_bytes[(node.spec.name, revision)] += outcome.bytes_fetched
         node.views[revision] = CacheView("ready")
         if self.spec.cache.weights.pin:
             await asyncio.to_thread(node.cache.pin, revision, self.spec.cache.weights.priority)
@@ -743,6 +750,7 @@ class LocalFleet:
         elif a.reason == "scale_out":
             reason = StartReason.SCALE_OUT
         r = _Replica(rid, a.variant, a.revision, a.node, self._seq, reason)
+        self._deployed = True
         self.replicas[rid] = r
         self.starts_total += 1
         r.task = asyncio.create_task(self._run_replica(r), name=f"replica-{rid}")
@@ -1005,24 +1013,22 @@ class LocalFleet:
         self._wake.set()
 
     async def _wait_idle(self, r: _Replica) -> None:
-        """Until the engine reports no running or waiting request (or DRAIN_TIMEOUT)."""
-        assert self._session is not None
+        """Until the router reports no request in flight to this replica (or
+        DRAIN_TIMEOUT): the router counts requests it has sent but not finished, which
+        the engine alone cannot see."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DRAIN_TIMEOUT
         while loop.time() < deadline and r.child is not None and r.child.running:
             try:
-                async with self._session.get(f"{r.url}/metrics") as resp:
-                    text = await resp.text()
-            except (aiohttp.ClientError, TimeoutError):
+                config = await self.router.get_config()
+            except ControlError:
                 return
-            busy = 0.0
-            for line in text.splitlines():
-                if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-                    with contextlib.suppress(ValueError, IndexError):
-                        busy += float(line.rsplit(" ", 1)[1])
+            busy = 0
+            for v in config.get("variants", []):
+                for inst in v.get("instances", []):
+                    if isinstance(inst, dict) and inst.get("url") == r.url:
+                        busy = int(inst.get("in_flight", 0))
             if busy == 0:
-                # The router may still have a request on its way to us; give it a moment.
-                await asyncio.sleep(0.1)
                 return
             await asyncio.sleep(0.05)
 
