@@ -193,7 +193,7 @@ async def test_new_node_is_warmed_and_scale_out_prefers_it(tmp_path: Path, model
         recs = start_records(fleet.events.path)
         assert recs[-1].node == "d" and recs[-1].weights_source == "cache"
         assert recs[-1].event_class.value == "new_node"
-        with pytest.raises(ValueError, match="allows 1..3 replicas, not 5"):
+        with pytest.raises(ValueError, match=r"allows 1\.\.3 replicas, not 5"):
             await fleet.scale(5)
 
 
