@@ -218,8 +218,17 @@ def _plot_readiness_cdf(records: Sequence[StartRecord], path: Path) -> bool:
         vs = sorted(by_class.get(cls, []))
         if not vs:
             continue
-        ys = [(i + 1) / len(vs) for i in range(len(vs))]
-        ax.step(vs, ys, where="post", label=f"{cls.value} (n={len(vs)})", color=_CLASS_COLORS[cls])
+        # Start the staircase at 0 so a class with one start still draws a visible riser.
+        xs = [vs[0], *vs]
+        ys = [0.0, *((i + 1) / len(vs) for i in range(len(vs)))]
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            label=f"{cls.value} (n={len(vs)})",
+            color=_CLASS_COLORS[cls],
+            lw=1.8,
+        )
     if (
         positive
         and max(max(v) for v in by_class.values())
