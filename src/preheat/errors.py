@@ -58,7 +58,14 @@ class UnsafePath(CacheError, ValueError):
 
 
 class InsufficientSpace(CacheError, OSError):
-    """The store cannot hold a fill even after evicting everything evictable."""
+    """The store cannot hold a fill even after evicting everything evictable.
+
+    ``need``, ``free`` and ``evictable`` carry the numbers (bytes) when the store raised it.
+    """
+
+    need: int = 0
+    free: int = 0
+    evictable: int = 0
 
 
 class SnapshotNotFound(CacheError, KeyError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,9 +67,19 @@ CREATE TABLE IF NOT EXISTS reservation_blobs (
 class Db:
     def __init__(self, path: Path) -> None:
         self.path = path
-        with self.connect() as con:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.executescript(SCHEMA)
+        # Switching to WAL needs a moment alone with the file; two processes opening a new
+        # store at once may see SQLITE_BUSY here even with a busy timeout, so retry.
+        for attempt in range(50):
+            try:
+                with self.connect() as con:
+                    if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        con.execute("PRAGMA journal_mode=WAL")
+                    con.executescript(SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == 49:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:

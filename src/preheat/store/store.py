@@ -502,7 +502,7 @@ class NodeStore:
                         if u.capacity
                         else "no capacity set"
                     )
-                    raise InsufficientSpace(
+                    err = InsufficientSpace(
                         f"cannot pull {ref}: it needs {format_size(need)} ({need} bytes) but only "
                         f"{format_size(u.free)} is free ({cap}; {format_size(u.used)} used, "
                         f"{format_size(u.reserved)} reserved by fills in flight, "
@@ -510,6 +510,8 @@ class NodeStore:
                         f"unpinned, unleased snapshot frees only {format_size(plan.frees)}. "
                         "Raise --capacity, unpin or release snapshots, or free disk space."
                     )
+                    err.need, err.free, err.evictable = need, u.free, plan.frees
+                    raise err
                 self._execute(con, plan)
             if need or keep:
                 con.execute(

@@ -84,6 +84,7 @@ class HttpOrigin:
 
 
 _NGINX_CONF = """
+{user}
 daemon off;
 master_process on;
 worker_processes {workers};
@@ -134,9 +135,16 @@ def nginx_origin(
     tmp = Path(tempfile.mkdtemp(prefix="preheat-nginx-"))
     limit = f"limit_rate {int(limit_rate)};" if limit_rate else ""
     conf = tmp / "nginx.conf"
+    # As root, nginx workers would drop to 'nobody' and could not read private temp dirs.
+    user = ""
+    if os.geteuid() == 0:
+        import grp
+        import pwd
+
+        user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
     conf.write_text(
         _NGINX_CONF.format(
-            workers=workers, tmp=tmp, port=port, root=Path(root).resolve(), limit=limit
+            user=user, workers=workers, tmp=tmp, port=port, root=Path(root).resolve(), limit=limit
         )
     )
     proc = subprocess.Popen(
