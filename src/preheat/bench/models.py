@@ -32,38 +32,41 @@ def _shard_name(i: int, n: int) -> str:
     return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
-def _header(data_bytes: int) -> tuple[bytes, int]:
-    """A safetensors header for ``data_bytes`` of bf16 tensors; returns (prefix, data_len)."""
-    row_bytes = _ROW * 2
-    data_bytes -= data_bytes % row_bytes if data_bytes >= row_bytes else 0
-    tensors: dict[str, object] = {"__metadata__": {"format": "pt", "generator": "preheat"}}
-    off = 0
-    i = 0
-    while off < data_bytes:
-        n = min(_TENSOR, data_bytes - off)
-        if n >= row_bytes:
-            n -= n % row_bytes
-            shape = [n // row_bytes, _ROW]
-            dtype = "BF16"
-        else:
-            shape = [n]
-            dtype = "U8"
-        tensors[f"layers.{i}.weight"] = {
-            "dtype": dtype,
-            "shape": shape,
-            "data_offsets": [off, off + n],
-        }
-        off += n
-        i += 1
-    raw = json.dumps(tensors, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % 8)
-    return struct.pack("<Q", len(raw)) + raw, off
+def _header(size: int) -> tuple[bytes, int]:
+    """A safetensors header for a file of exactly ``size`` bytes; returns (prefix, data_len).
+
+    The data is bf16 tensors of up to 64 MiB (8 KiB rows) plus one u8 tensor for any tail;
+    the JSON header is padded with spaces (as the format allows) to a multiple of 8 bytes.
+    """
+    slack = 256 + 160 * (size // _TENSOR + 2)
+    while True:
+        slack += -slack % 8
+        data_bytes = max(0, size - 8 - slack)
+        tensors: dict[str, object] = {"__metadata__": {"format": "pt", "generator": "preheat"}}
+        row_bytes = _ROW * 2
+        off = 0
+        i = 0
+        while off < data_bytes:
+            n = min(_TENSOR, data_bytes - off)
+            if n >= row_bytes:
+                n -= n % row_bytes
+                entry = {"dtype": "BF16", "shape": [n // row_bytes, _ROW]}
+            else:
+                entry = {"dtype": "U8", "shape": [n]}
+            entry["data_offsets"] = [off, off + n]
+            tensors[f"layers.{i}.weight"] = entry
+            off += n
+            i += 1
+        raw = json.dumps(tensors, separators=(",", ":")).encode()
+        if len(raw) <= slack:
+            raw += b" " * (slack - len(raw))
+            return struct.pack("<Q", len(raw)) + raw, data_bytes
+        slack = len(raw) + 64
 
 
 def _write_shard(path: Path, size: int, seed: int, shard: int) -> None:
-    """Write one shard of about ``size`` bytes (header included)."""
-    guess_header = 256 + 128 * (size // _TENSOR + 1)
-    prefix, data_len = _header(max(size - guess_header, 0))
+    """Write one shard of exactly ``size`` bytes (header included)."""
+    prefix, data_len = _header(size)
     rng = np.random.Generator(np.random.SFC64([seed, shard, 0x9E3779B9]))
     block = rng.random(size=(_BLOCK + _PIECE) // 8).view(np.uint8).tobytes()
     view = memoryview(block)
@@ -75,15 +78,14 @@ def _write_shard(path: Path, size: int, seed: int, shard: int) -> None:
         while left:
             n = min(_PIECE, left)
             start = int(rng.integers(0, _BLOCK))
-            os.write(fd, view[start : start + n])
-            left -= n
+            left -= os.write(fd, view[start : start + n])
     finally:
         os.close(fd)
     os.replace(tmp, path)
 
 
 def generate_model(dir: Path, total_bytes: int, shards: int, seed: int = 0) -> list[Path]:
-    """Write a sample safetensors model of about ``total_bytes`` in ``shards`` shards.
+    """Write a sample safetensors model whose shards add up to exactly ``total_bytes``.
 
     Returns every file written (shards first, then the index and config.json).
     """
@@ -98,7 +100,7 @@ def generate_model(dir: Path, total_bytes: int, shards: int, seed: int = 0) -> l
     weight_map: dict[str, str] = {}
     for i in range(shards):
         p = dir / _shard_name(i, shards)
-        _write_shard(p, per, seed, i)
+        _write_shard(p, per + (total_bytes - per * shards if i == shards - 1 else 0), seed, i)
         paths.append(p)
         for name in _tensor_names(p):
             weight_map[f"shard{i}.{name}"] = p.name
