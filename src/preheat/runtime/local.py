@@ -181,6 +181,8 @@ class LocalFleet:
         self.replica_counts: dict[str, int] = {v.name: v.replicas.min for v in spec.variants}
         self.statuses: dict[str, VariantStatus] = {}
         self.messages: deque[str] = deque(maxlen=30)
+        #: Messages said so far (``messages`` keeps only the last 30).
+        self.said = 0
         self.waiting: dict[str, str] = {}
         self.resolve_error: str | None = None
         self.restarts_total = 0
@@ -352,6 +354,7 @@ class LocalFleet:
     def say(self, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
         self.messages.append(f"{stamp} {text}")
+        self.said += 1
 
     def status(self) -> dict[str, Any]:
         """A JSON-able picture of the fleet (what `preheat status` prints)."""
