@@ -11,6 +11,9 @@ File format (YAML or JSON; see docs/routing.md)::
         balance_epsilon: 0.1        # (1+eps) x mean in-flight bound, 0.01-10
         block_chars: 2048           # hashed block size, 512-16384
         index_entries: 200000       # learned block hashes kept (memory bound)
+        max_holders: 8              # instances remembered per learned block
+        balance_window: 1000        # decisions over which request shares are balanced
+        load_weight: 1.0            # excess load (vs mean) that offsets a cached share
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504
     connect_timeout_s: 5
@@ -47,11 +50,21 @@ _VARIANT_KEYS = {
     "block_chars",
     "index_entries",
     "max_holders",
+    "balance_window",
+    "load_weight",
     "instances",
 }
 _TOP_KEYS = {"variants", "upstream_timeout_s", "connect_timeout_s", "max_body_bytes", "health"}
 _HEALTH_KEYS = {"interval_s", "timeout_s", "failures", "path"}
-PATCHABLE = ("strategy", "prefix_length", "concurrency_threshold", "weight", "balance_epsilon")
+PATCHABLE = (
+    "strategy",
+    "prefix_length",
+    "concurrency_threshold",
+    "weight",
+    "balance_epsilon",
+    "balance_window",
+    "load_weight",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,8 @@ class VariantConfig:
             "block_chars": p.block_chars,
             "index_entries": p.index_entries,
             "max_holders": p.max_holders,
+            "balance_window": p.balance_window,
+            "load_weight": p.load_weight,
             "instances": list(self.instances),
         }
 
@@ -186,13 +201,15 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
             "block_chars",
             "index_entries",
             "max_holders",
+            "balance_window",
+            "load_weight",
         )
         if k in data
     }
     for k, v in kwargs.items():
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ConfigError(f"{where}: {k} {v!r} is not a number")
-        if k != "balance_epsilon" and not isinstance(v, int):
+        if k not in ("balance_epsilon", "load_weight") and not isinstance(v, int):
             raise ConfigError(f"{where}: {k} {v!r} must be an integer")
     try:
         params = replace(defaults, **kwargs)

@@ -60,6 +60,8 @@ class PrefixKey:
     prefix_chars: int
     prompt_chars: int
     hinted: bool = False
+    cuts: tuple[int, ...] = ()
+    """Where each block ends, in characters (``chain[i]`` covers ``text[:cuts[i]]``)."""
 
     @property
     def key(self) -> int:
@@ -254,7 +256,9 @@ class PrefixHasher:
                 h.update(t[prev:c].encode("utf-8", "surrogatepass"))
                 out.append(int.from_bytes(h.copy().digest()[:8], "little"))
                 prev = c
-        return PrefixKey(chain=tuple(out), prefix_chars=n, prompt_chars=len(text))
+        return PrefixKey(
+            chain=tuple(out), prefix_chars=n, prompt_chars=len(text), cuts=tuple(cuts) or (0,)
+        )
 
     def hint(self, hint: str, *, prompt_chars: int = 0) -> PrefixKey:
         """The key for a caller-supplied prefix id (``X-Preheat-Prefix-Id``)."""
@@ -265,6 +269,7 @@ class PrefixHasher:
             prefix_chars=0,
             prompt_chars=prompt_chars,
             hinted=True,
+            cuts=(prompt_chars,),
         )
 
     def seed(self, instance_id: str) -> int:

@@ -89,6 +89,9 @@ class PolicyParams:
     block_chars: characters per hashed block (512-16,384).
     index_entries: learned block hashes kept, in total (the memory bound; >= 1,000).
     max_holders: instances remembered per learned block (1-64).
+    balance_window: decisions over which request shares are balanced (decay 1/window).
+    load_weight: how much an instance's excess load (relative to the mean) offsets the
+        share of the prompt it holds cached (0-100; 1 trades them one for one).
     """
 
     prefix_length: int = 8192
@@ -97,6 +100,8 @@ class PolicyParams:
     block_chars: int = 2048
     index_entries: int = 200_000
     max_holders: int = 8
+    balance_window: int = 1000
+    load_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_prefix_length(self.prefix_length)
@@ -112,6 +117,12 @@ class PolicyParams:
             raise ConfigError(f"block_chars {self.block_chars} is outside 512-16384; use 2048")
         if self.index_entries < 1000:
             raise ConfigError(f"index_entries {self.index_entries} is below 1000")
+        w = self.balance_window
+        if isinstance(w, bool) or not isinstance(w, int) or not 10 <= w <= 1_000_000:
+            raise ConfigError(f"balance_window {w!r} is outside 10-1000000 decisions")
+        lw = self.load_weight
+        if isinstance(lw, bool) or not isinstance(lw, int | float) or not 0 <= lw <= 100:
+            raise ConfigError(f"load_weight {lw!r} is outside 0-100; 1 is the default")
         if not 1 <= self.max_holders <= 64:
             raise ConfigError(f"max_holders {self.max_holders} is outside 1-64")
 

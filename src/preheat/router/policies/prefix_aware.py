@@ -1,49 +1,61 @@
 """``prefix_aware``: keep each prompt prefix on the instances whose KV cache holds it.
 
-Algorithm (one decision; no InstT/O, no clock; deterministic given the request stream):
+Algorithm (one decision; no I/O, no clock; deterministic given the request stream):
 
-1. **Key.** The canonical prompt text (see ``router/prefix.py``) is cut to its first
-   ``prefix_length`` characters and hashed as a keyed chain of ``block_chars`` blocks:
-   ``chain[i]`` names the text up to the end of block *i*; the request key is
-   ``chain[-1]``. An ``X-Preheat-Prefix-Id`` hint replaces the chain by one hashed id.
-2. **Load bound** (bounded-load consistent hashing, Mirrokni et al. 2018). With ``n``
-   candidates and ``T`` requests in flight, an instance may take the request only if
-   ``in_flight < min(concurrency_threshold, ceil((1 + balance_epsilon) * (T + 1) / n))``.
-   No instance thus exceeds ``(1+epsilon)`` x the mean by more than one request.
-3. **Warm holders first.** A bounded learned index maps each block hash to the
-   instances that were most recently sent a prompt through that block. The longest
-   known block of the chain (``matched_blocks``) gives its holders; among holders under
-   the load bound the one with the highest rendezvous score *for the request key* wins
-   (``affinity``). Scoring by the request key spreads a hot prefix evenly over its warm
-   set, and keeps a multi-turn chat (whose later turns extend the earlier chain) on the
-   instance that served it.
-4. **Spill along the prefix's own order.** If every holder is at its bound, the
-   remaining instances are tried in rendezvous order of the *matched block's* hash,
-   so a hot prefix's overflow always lands on the same next instance, which warms up
-   and joins the holders (``spill``): the warm set grows with the prefix's rate.
-5. **Cold prefixes** (nothing matched) go to the first instance under the bound in
-   rendezvous order of the request key (``affinity`` if it is the first, ``spill``
-   otherwise) and are recorded there, so they stay sticky wherever load placed them.
-6. **Fallback.** If every instance is at its bound (all at ``concurrency_threshold``),
-   the least-loaded one takes it, ties by rendezvous order (``fallback``).
+1. **Key.** The canonical prompt text (``router/prefix.py``) is cut to its first
+   ``prefix_length`` characters and hashed as a keyed chain: a cut every
+   ``block_chars`` characters within a message and at each message end (at least
+   ``MIN_CUT`` = 256 characters after the previous cut). ``chain[i]`` names the text up
+   to cut *i*, so the next turn of a chat repeats every hash of the previous turn. The
+   request key is ``chain[-1]``; an ``X-Preheat-Prefix-Id`` hint replaces the chain by
+   one hashed id.
+2. **Bounds.** With ``n`` candidates and ``T`` requests in flight, an instance may take
+   the request only if
+   * ``in_flight < min(concurrency_threshold, ceil((1+balance_epsilon)(T+1)/n) + 1)``
+     (bounded-load consistent hashing, Mirrokni et al. 2018, with one request of slack
+     ``INFLIGHT_SLACK`` so a small fleet at low load keeps affinity), and
+   * its recent request count is below ``mean + balance_epsilon * max(mean, 10) + 1``.
+     Recent counts decay by ``1 - 1/balance_window`` per decision, so request *shares*
+     stay within about (1+epsilon) of the mean over the window (an instance that serves
+     cache hits finishes faster, so an in-flight bound alone does not balance shares).
+   If no instance passes both, the share bound is dropped; if none passes the
+   in-flight bound either, the least-loaded instance takes it (``fallback``).
+3. **Learned holders.** A bounded LRU index maps each block hash to the (up to
+   ``max_holders``) instances most recently sent a prompt through it. The longest known
+   block of the chain gives ``matched_blocks`` and its holders.
+4. **Choice.** Among instances under the bounds, the highest
+   ``value = cached_share - load_weight * (recent - mean) / max(mean, 10)`` wins, where
+   ``cached_share`` is the matched part of the prompt (0-1) for a holder and 0 for any
+   other instance; ties go to the highest rendezvous score of the request key. A deep
+   match (a document, a long chat) therefore stays put until its holder is well above
+   the mean, while a shallow one (a short system prompt every instance will soon hold)
+   barely matters, and cold prefixes go to the least-loaded instance, then stay sticky
+   through the index. The outcome is ``affinity`` (``hint``) when a holder or, for a
+   cold key, the rendezvous first choice wins, else ``spill``.
+5. **Spill along the prefix's own order.** If every holder is at a bound, the others
+   are tried in rendezvous order of the *matched block's* hash, so a hot prefix's
+   overflow always lands on the same next instance, which warms up and joins the
+   holders: the warm set grows with the prefix's request rate (``spill``).
 
-Thresholds and their meaning (``PolicyParams``):
+Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 
-* ``prefix_length`` (1,024-65,536 chars, default 8,192): how much prompt forms the key;
-  cover the shared part (system prompt, document) plus a little unique text.
-* ``concurrency_threshold`` (1-1,024, default 64): hard in-flight cap per instance.
-* ``balance_epsilon`` (0.01-10, default 0.10): allowed excess over the mean in-flight;
-  smaller means tighter balance and more spills (a hot prefix warms more instances).
-* ``block_chars`` (512-16,384, default 2,048): matching granularity; fewer, bigger
-  blocks hash faster.
-* ``index_entries`` (default 200,000): total learned block hashes kept (LRU); the
-  memory bound, about 200 bytes per entry.
-* ``max_holders`` (1-64, default 8): instances remembered per block (most recent).
+* ``prefix_length`` (8,192; 1,024-65,536 chars): how much prompt forms the key; cover
+  the shared part (system prompt, document) plus a little unique text.
+* ``concurrency_threshold`` (64; 1-1,024): hard in-flight cap per instance.
+* ``balance_epsilon`` (0.10; 0.01-10): allowed excess over the mean, for in-flight and
+  for recent request counts; smaller is tighter balance and more spills.
+* ``balance_window`` (1,000 decisions): the memory of the share bound.
+* ``load_weight`` (1.0; 0-100): how strongly excess load offsets a cached share.
+* ``block_chars`` (2,048; 512-16,384): matching granularity; fewer, bigger blocks hash
+  faster.
+* ``index_entries`` (200,000): learned block hashes kept in total (LRU): the memory
+  bound, roughly 200 bytes each.
+* ``max_holders`` (8; 1-64): instances remembered per block (most recent).
+* ``LOAD_FLOOR`` = 10 requests, ``INFLIGHT_SLACK`` = 1 request: constants above.
 
-Every replica that sees the same requests with the same salt, instance list and loads
-makes the same choices, without talking to the others; adding or removing one of N
-instances re-ranks only about 1/N of cold keys. No prompt text is kept: the index holds
-64-bit keyed hashes and instance ids only.
+Every replica that sees the same requests in the same order with the same salt, instance
+list and in-flight counts makes the same choices without talking to the others. No
+prompt text is kept: the index holds 64-bit keyed hashes and instance ids only.
 """
 
 from __future__ import annotations
@@ -65,6 +77,8 @@ from preheat.router.prefix import (
 )
 
 _MUL = SCORE_MULTIPLIER
+LOAD_FLOOR = 10.0
+INFLIGHT_SLACK = 1
 
 
 def _scores(key: int, seeds: list[int]) -> list[int]:
@@ -133,6 +147,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._ids: list[str] = []
         self._seed_list: list[int] = []
         self._pos: dict[str, int] = {}
+        self._recent: dict[str, float] = {}
+        self._g = 1.0
 
     def key(self, request: RouteRequest) -> PrefixKey:
         """The request's prefix key (hint, text or body; see ``RouteRequest``)."""
@@ -173,8 +189,20 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         chain = pk.chain
         seeds, pos = self._seeds(instances)
         loads = [i.in_flight for i in instances]
-        cap = ceil((1.0 + p.balance_epsilon) * (sum(loads) + 1) / n)
-        limit = min(cap, p.concurrency_threshold)
+        # In-flight bound: bounded-load hashing plus one request of slack, so that a
+        # small fleet at low load (mean 1-2 in flight) keeps its affinity.
+        limit = min(
+            ceil((1.0 + p.balance_epsilon) * (sum(loads) + 1) / n) + INFLIGHT_SLACK,
+            p.concurrency_threshold,
+        )
+        # Share bound on recent (decayed) request counts, in the counters' scaled units.
+        g = self._g
+        recent = [self._recent.get(x, 0.0) for x in self._ids]
+        mean = sum(recent) / n
+        share_cap = mean + (p.balance_epsilon * max(mean, LOAD_FLOOR * g)) + g
+        ok = [loads[j] < limit and recent[j] < share_cap for j in range(n)]
+        if not any(ok):
+            ok = [x < limit for x in loads]
         scores = _scores(pk.key, seeds)
         depth, holders = self.index.longest(chain)
         first = "hint" if pk.hinted else "affinity"
@@ -183,37 +211,45 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         rank = 0
         outcome = first
         warm: list[int] = []
+        # Excess load is relative to the mean, counted as at least LOAD_FLOOR requests so
+        # that the first few requests of a fresh router do not look like a big skew.
+        norm = p.load_weight / max(mean, LOAD_FLOOR * g)
         if depth:
-            # 3. warm holders, best score for the request key first.
             warm = [pos[h] for h in holders if h in pos]
+        if depth and not any(ok[j] for j in warm):
+            # 4. every holder is at a bound: spill along the matched prefix's own
+            # rendezvous order, so its overflow always warms the same next instance.
+            order_scores = _scores(chain[depth - 1], seeds)
+            order = sorted(range(n), key=order_scores.__getitem__, reverse=True)
+            for r, j in enumerate(order):
+                if ok[j]:
+                    pick, rank, outcome = j, r, "spill"
+                    break
+        else:
+            # 3 and 5. the best value of cached share minus load among those under the
+            # bounds; ties by rendezvous score of the request key.
+            if not depth:
+                frac = 0.0
+            elif pk.hinted:
+                frac = 1.0
+            else:
+                frac = min(1.0, pk.cuts[depth - 1] / max(pk.prompt_chars, 1))
             best = -1
-            for j in warm:
-                if loads[j] < limit and (best < 0 or scores[j] > scores[best]):
-                    best = j
+            best_v = 0.0
+            for j in range(n):
+                if not ok[j]:
+                    continue
+                v = (frac if j in warm else 0.0) - (recent[j] - mean) * norm
+                if best < 0 or v > best_v or (v == best_v and scores[j] > scores[best]):
+                    best, best_v = j, v
             if best >= 0:
                 pick = best
-                rank = sum(1 for j in warm if scores[j] > scores[best])
-            else:
-                # 4. spill along the matched prefix's own rendezvous order.
-                order_scores = _scores(chain[depth - 1], seeds)
-                order = sorted(range(n), key=order_scores.__getitem__, reverse=True)
-                for r, j in enumerate(order):
-                    if loads[j] < limit:
-                        pick, rank, outcome = j, r, "spill"
-                        break
-        else:
-            # 5. cold: rendezvous order of the request key, first under the bound.
-            top = max(range(n), key=scores.__getitem__)
-            if loads[top] < limit:
-                pick = top
-            else:
-                best = -1
-                for j in range(n):
-                    if loads[j] < limit and (best < 0 or scores[j] > scores[best]):
-                        best = j
-                if best >= 0:
-                    pick, outcome = best, "spill"
-                    rank = sum(1 for s in scores if s > scores[best])
+                rank = sum(1 for s in scores if s > scores[best])
+                if best in warm:
+                    outcome = first
+                    rank = sum(1 for j in warm if scores[j] > scores[best])
+                elif depth or rank:
+                    outcome = "spill"
         if pick < 0:
             # 6. everyone at the bound: least loaded, ties by rendezvous score.
             pick = max(range(n), key=lambda j: (-loads[j], scores[j]))
@@ -238,6 +274,16 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         pk = choice.state
         if isinstance(pk, PrefixKey):
             self.index.record(pk.chain, choice.instance.id)
+        # Decayed request counts: each count shrinks by (1 - 1/balance_window) per
+        # decision; growing the unit instead of shrinking every count keeps this O(1).
+        self._g /= 1.0 - 1.0 / self.params.balance_window
+        iid = choice.instance.id
+        self._recent[iid] = self._recent.get(iid, 0.0) + self._g
+        if self._g > 1e12:
+            for k in self._recent:
+                self._recent[k] /= self._g
+            self._g = 1.0
 
     def forget(self, instance_id: str) -> None:
         self.index.forget(instance_id)
+        self._recent.pop(instance_id, None)

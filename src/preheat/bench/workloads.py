@@ -1,0 +1,190 @@
+"""Seeded request streams for routing experiments (pure: no I/O, no clock).
+
+* ``rag``: a system prompt, one of ``documents`` documents picked with Zipf popularity
+  (exponent ``zipf_s``), and a unique question; chat format.
+* ``chat``: multi-turn conversations; each turn resends the whole history plus a new
+  user message; a turn may only start after the previous turn of its conversation
+  (``WorkItem.after``).
+* ``templated``: a few long assistant templates (Zipf-popular) with a short user input;
+  completions format.
+* ``unique``: prompts that share nothing (the negative control).
+
+Every generator takes ``seed``; the same arguments give the same stream, byte for byte.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from preheat.errors import ConfigError
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request of a workload: where to send it, the body, and its sharing group."""
+
+    request_id: str
+    path: str
+    body: dict[str, Any]
+    group: str
+    after: str | None = None
+
+
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "shi", "pe", "da", "xu", "zen", "or")
+
+
+def _vocab(seed: int, size: int = 3000) -> list[str]:
+    rng = random.Random(seed ^ 0x5EED)
+    return ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(size)]
+
+
+def text(rng: random.Random, chars: int, vocab: list[str]) -> str:
+    """Pseudo-words up to ``chars`` characters."""
+    out: list[str] = []
+    n = 0
+    while n < chars:
+        w = vocab[rng.randrange(len(vocab))]
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)[:chars]
+
+
+def zipf_weights(k: int, s: float) -> list[float]:
+    """Popularity of ranks 1..k under Zipf's law with exponent ``s`` (normalised)."""
+    w = [1.0 / (i**s) for i in range(1, k + 1)]
+    total = sum(w)
+    return [x / total for x in w]
+
+
+def _check(n: int, name: str) -> None:
+    if n < 1:
+        raise ConfigError(f"{name} {n} must be at least 1")
+
+
+def rag(
+    n: int,
+    *,
+    documents: int = 60,
+    doc_chars: int = 8000,
+    question_chars: int = 200,
+    zipf_s: float = 1.1,
+    max_tokens: int = 32,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """Questions over documents with skewed popularity (hot documents)."""
+    _check(n, "n")
+    _check(documents, "documents")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    system = "You answer questions using only the document. " + text(rng, 400, vocab)
+    docs = [f"Document {d}:\n" + text(rng, doc_chars, vocab) for d in range(documents)]
+    picks = rng.choices(range(documents), weights=zipf_weights(documents, zipf_s), k=n)
+    out = []
+    for i, d in enumerate(picks):
+        q = text(rng, question_chars, vocab)
+        body = {
+            "model": "m",
+            "max_tokens": max_tokens,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"{docs[d]}\n\nQuestion {i}: {q}"},
+            ],
+        }
+        out.append(WorkItem(f"rag-{seed}-{i}", CHAT, body, f"doc{d}"))
+    return out
+
+
+def chat(
+    n: int,
+    *,
+    active: int = 32,
+    turns: int = 6,
+    system_chars: int = 1500,
+    user_chars: int = 500,
+    reply_chars: int = 700,
+    max_tokens: int = 32,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """Interleaved multi-turn conversations (``active`` at a time, ``turns`` each)."""
+    _check(n, "n")
+    _check(active, "active")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    system = "You are a helpful assistant. " + text(rng, system_chars, vocab)
+    convs: list[dict[str, Any]] = []
+    next_conv = 0
+    out: list[WorkItem] = []
+
+    def new() -> dict[str, Any]:
+        nonlocal next_conv
+        c = {"id": next_conv, "turn": 0, "msgs": [{"role": "system", "content": system}]}
+        next_conv += 1
+        return c
+
+    convs = [new() for _ in range(active)]
+    last: dict[int, str] = {}
+    for i in range(n):
+        c = convs[rng.randrange(len(convs))]
+        msgs = c["msgs"]
+        msgs.append({"role": "user", "content": text(rng, user_chars, vocab)})
+        rid = f"chat-{seed}-{i}"
+        body = {"model": "m", "max_tokens": max_tokens, "messages": [dict(m) for m in msgs]}
+        out.append(WorkItem(rid, CHAT, body, f"conv{c['id']}", after=last.get(c["id"])))
+        last[c["id"]] = rid
+        msgs.append({"role": "assistant", "content": text(rng, reply_chars, vocab)})
+        c["turn"] += 1
+        if c["turn"] >= turns:
+            convs[convs.index(c)] = new()
+    return out
+
+
+def templated(
+    n: int,
+    *,
+    templates: int = 8,
+    template_chars: int = 6000,
+    user_chars: int = 300,
+    zipf_s: float = 1.2,
+    max_tokens: int = 32,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """A templated assistant: long shared instructions + a short user input."""
+    _check(n, "n")
+    _check(templates, "templates")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    tpls = [f"Template {t}. " + text(rng, template_chars, vocab) for t in range(templates)]
+    picks = rng.choices(range(templates), weights=zipf_weights(templates, zipf_s), k=n)
+    out = []
+    for i, t in enumerate(picks):
+        prompt = f"{tpls[t]}\n\nInput {i}: {text(rng, user_chars, vocab)}\nOutput:"
+        body = {"model": "m", "max_tokens": max_tokens, "prompt": prompt}
+        out.append(WorkItem(f"tpl-{seed}-{i}", COMPLETIONS, body, f"tpl{t}"))
+    return out
+
+
+def unique(n: int, *, chars: int = 6000, max_tokens: int = 32, seed: int = 0) -> list[WorkItem]:
+    """Prompts that share no prefix (beyond a few characters)."""
+    _check(n, "n")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = f"{i:08d} {text(rng, chars, vocab)}"
+        body = {"model": "m", "max_tokens": max_tokens, "prompt": prompt}
+        out.append(WorkItem(f"uniq-{seed}-{i}", COMPLETIONS, body, f"u{i}"))
+    return out
+
+
+WORKLOADS: dict[str, Callable[..., list[WorkItem]]] = {
+    "rag": rag,
+    "chat": chat,
+    "templated": templated,
+    "unique": unique,
+}
