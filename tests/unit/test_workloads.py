@@ -1,0 +1,76 @@
+"""Seeded workloads: repeatable, skewed where they should be, with the right structure."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from preheat.bench.routing import oracle_hit_rate
+from preheat.bench.workloads import (
+    CHAT,
+    COMPLETIONS,
+    WORKLOADS,
+    chat,
+    rag,
+    templated,
+    unique,
+    zipf_weights,
+)
+from preheat.errors import ConfigError
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_same_seed_same_stream(name: str) -> None:
+    """A workload is a pure function of its arguments."""
+    a = WORKLOADS[name](40, seed=5)
+    b = WORKLOADS[name](40, seed=5)
+    c = WORKLOADS[name](40, seed=6)
+    assert a == b
+    assert a != c
+    assert len({i.request_id for i in a}) == 40
+
+
+def test_rag_popularity_is_zipf_skewed() -> None:
+    """The most popular document gets far more than its uniform share."""
+    items = rag(2000, documents=50, zipf_s=1.1, doc_chars=500, seed=1)
+    counts = Counter(i.group for i in items)
+    top = counts.most_common(1)[0][1] / len(items)
+    assert top > 0.15 > 1 / 50
+    assert zipf_weights(50, 1.1)[0] == pytest.approx(top, abs=0.04)
+    assert all(i.path == CHAT for i in items)
+
+
+def test_chat_turns_extend_their_conversation_and_wait_for_it() -> None:
+    """Turn k+1 starts with turn k's messages and names turn k in ``after``."""
+    items = chat(200, active=8, turns=4, seed=2)
+    by_id = {i.request_id: i for i in items}
+    followers = [i for i in items if i.after is not None]
+    assert len(followers) > 100
+    for item in followers:
+        prev = by_id[item.after]  # type: ignore[index]
+        assert prev.group == item.group
+        n = len(prev.body["messages"])
+        assert item.body["messages"][:n] == prev.body["messages"]
+        assert len(item.body["messages"]) == n + 2
+    assert max(len(i.body["messages"]) for i in items) == 1 + 2 * 4 - 1
+
+
+def test_templated_and_unique_shapes() -> None:
+    """Templates repeat a long prefix; unique prompts share nothing."""
+    t = templated(100, templates=4, seed=3)
+    assert len({i.group for i in t}) <= 4 and all(i.path == COMPLETIONS for i in t)
+    u = unique(50, chars=800, seed=3)
+    assert len({i.body["prompt"][:20] for i in u}) == 50
+
+
+def test_oracle_bounds_the_sharing() -> None:
+    """Unique prompts cannot hit; repeated templates hit almost everything."""
+    assert oracle_hit_rate(unique(30, chars=800)) < 0.02
+    assert oracle_hit_rate(templated(60, templates=2, template_chars=3000)) > 0.8
+
+
+def test_bad_sizes_are_refused() -> None:
+    """Sizes below 1 name the argument."""
+    with pytest.raises(ConfigError, match="documents 0"):
+        rag(10, documents=0)
