@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -24,6 +25,7 @@ from preheat.errors import (
     OriginUnavailable,
     TruncatedBody,
 )
+from preheat.sources import _splice
 from preheat.sources.base import Location, Resolution
 
 _SAFE = re.compile(r"[^A-Za-z0-9._~/-]")
@@ -38,6 +40,8 @@ class HttpSource:
         self.ref = ref
         self._connections = max(1, connections)
         self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[tuple[str, int], _splice.SplicePool] = {}
+        self._splice_ok = True
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -52,9 +56,39 @@ class HttpSource:
         return self._session
 
     async def aclose(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def can_splice(self, location: Location) -> bool:
+        """Whether ``fetch_to_fd`` (zero-copy) may serve this location."""
+        return _splice.AVAILABLE and self._splice_ok and location.url.startswith("http://")
+
+    async def fetch_to_fd(
+        self,
+        location: Location,
+        start: int,
+        end: int,
+        fd: int,
+        on_bytes: Callable[[int, int], None],
+    ) -> None:
+        """Write bytes [start, end) straight into ``fd`` with splice(2); raises
+        ``_splice.Unsupported`` (and stops using the fast path) when the origin's answer
+        needs a full HTTP client."""
+        parts = urlsplit(location.url)
+        key = (parts.hostname or "127.0.0.1", parts.port or 80)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _splice.SplicePool(*key)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        try:
+            await pool.get_range(path, start, end, fd, on_bytes, location.url)
+        except _splice.Unsupported:
+            self._splice_ok = False
+            raise
 
     async def resolve(self) -> Resolution:
         if self.ref.is_manifest_url:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from preheat.errors import DigestMismatch, ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.sources._splice import Unsupported
 from preheat.sources.base import Location, Source
 from preheat.store.layout import Layout
 
@@ -222,6 +223,7 @@ class FillContext:
     retries: int = 5
     backoff: float = 0.2
     on_bytes: Callable[[int], None] | None = None
+    direct: bool = True  # use a source's zero-copy fetch_to_fd when it offers one
 
 
 async def fetch_blob(
@@ -297,6 +299,25 @@ def publish_file(layout: Layout, src: Path, digest: str, *, fsync: bool) -> Path
     return dest
 
 
+def _can_splice(source: Source, location: Location) -> bool:
+    check = getattr(source, "can_splice", None)
+    return bool(check is not None and check(location))
+
+
+async def _fetch_direct(
+    ctx: FillContext, prog: _Progress, fd: int, location: Location, i: int, pos: int, end: int
+) -> None:
+    """The zero-copy path: the source splices the body straight into ``fd``."""
+
+    def landed(offset: int, n: int) -> None:
+        ctx.stats.fetched += n
+        prog.wrote(i, n)
+        if ctx.on_bytes is not None:
+            ctx.on_bytes(n)
+
+    await ctx.source.fetch_to_fd(location, pos, end, fd, landed)  # type: ignore[attr-defined]
+
+
 async def _fetch_range(
     ctx: FillContext,
     prog: _Progress,
@@ -315,6 +336,12 @@ async def _fetch_range(
             break
         async with ctx.connections:
             try:
+                if ctx.limiter is None and ctx.direct and _can_splice(ctx.source, location):
+                    try:
+                        await _fetch_direct(ctx, prog, fd, location, i, pos, end)
+                    except Unsupported:
+                        ctx.direct = False  # this origin needs the full client
+                    continue
                 async with contextlib.aclosing(ctx.source.fetch(location, pos, end)) as stream:
                     async for data in stream:
                         n = len(data)
