@@ -5,6 +5,7 @@ set -euo pipefail
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v aria2c >/dev/null 2>&1 || need+=(aria2)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if [ ${#need[@]} -eq 0 ]; then

@@ -102,12 +102,19 @@ def _hashes(d: Path) -> dict[str, str]:
     }
 
 
-def test_retries_5xx_and_resets_then_verifies(tmp_path: Path, model: Path) -> None:
-    """503s and a connection cut mid-body are retried with backoff; the result is verified."""
+@pytest.mark.parametrize("path", ["splice", "aiohttp"])
+def test_retries_5xx_and_resets_then_verifies(tmp_path: Path, model: Path, path: str) -> None:
+    """503s and a connection cut mid-body are retried with backoff; the result is verified.
+
+    Both fetch paths: the zero-copy splice path, and aiohttp (taken when a rate limit is set).
+    """
     store = NodeStore(tmp_path / "store", retries=3, backoff=0.01)
     with FlakyOrigin(model / "m") as origin:
         r = store.pull(
-            f"http://127.0.0.1:{origin.port}/preheat-manifest.json", chunk=4 * MiB, connections=4
+            f"http://127.0.0.1:{origin.port}/preheat-manifest.json",
+            chunk=4 * MiB,
+            connections=4,
+            rate_limit=None if path == "splice" else 1e12,
         )
         failures = sum(1 for name, _ in origin.requests if name.endswith(".safetensors"))
     assert _hashes(r.snapshot) == _hashes(model / "m")
