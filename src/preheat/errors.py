@@ -11,7 +11,8 @@
     ├── FetchError                                   talking to an origin
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
-    │   └── TruncatedBody(FetchError, IOError)
+    │   ├── TruncatedBody(FetchError, IOError)
+    │   └── RangeNotSupported(FetchError)            origin ignores Range: one stream per file
     ├── EngineError                                  simulated engine
     │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
     │   └── EngineUnavailable(EngineError, ConnectionError)
@@ -96,6 +97,11 @@ class ObjectNotFound(FetchError, FileNotFoundError):
 
 class TruncatedBody(FetchError, IOError):
     """The origin closed the body before the promised length."""
+
+
+class RangeNotSupported(FetchError):
+    """The origin answered a ranged GET with the whole body; the fill falls back to one
+    stream per file."""
 
 
 # --- engine -----------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -295,6 +297,35 @@ def test_delete_removes_only_unshared_blobs(tmp_path: Path, origin_root: Path) -
     assert done.snapshots == (v1.manifest_digest,) and len(done.blobs) == 1
     assert _tree(v2.snapshot)[changed.name] == hashlib.sha256(changed.read_bytes()).hexdigest()
     assert store.verify().ok
+
+
+def test_origin_without_range_support(tmp_path: Path, origin_root: Path) -> None:
+    """An origin that ignores Range (python -m http.server) still works: one stream per file."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=origin_root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/m/preheat-manifest.json"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                _get(url)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "http.server did not start"
+                time.sleep(0.05)
+        store = _store(tmp_path)
+        r = store.pull(url, chunk=1 * MiB)
+        src = _tree(origin_root / "m")
+        src.pop("preheat-manifest.json")
+        assert _tree(r.snapshot) == src
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_rate_limit_caps_throughput(tmp_path: Path, nginx: HttpOrigin) -> None:

@@ -23,6 +23,7 @@ from preheat.errors import (
     FetchError,
     ObjectNotFound,
     OriginUnavailable,
+    RangeNotSupported,
     TruncatedBody,
 )
 from preheat.sources import _splice
@@ -155,7 +156,7 @@ class HttpSource:
             async with self._sess().get(url, headers=headers) as resp:
                 _check_status(resp.status, url)
                 if resp.status == 200 and start != 0:
-                    raise OriginUnavailable(f"{url} ignored the Range header (status 200)")
+                    raise RangeNotSupported(f"{url} ignored the Range header (status 200)")
                 reader = resp.content
                 while pos < end:
                     data = await reader.readany()

@@ -40,7 +40,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preheat.errors import DigestMismatch, ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.errors import (
+    DigestMismatch,
+    ObjectNotFound,
+    OriginUnavailable,
+    RangeNotSupported,
+    TruncatedBody,
+)
 from preheat.sources._splice import Unsupported
 from preheat.sources.base import Location, Source
 from preheat.store.layout import Layout
@@ -240,27 +246,36 @@ async def fetch_blob(
     done = _load_state(state, size, chunk, location.fingerprint) if part.exists() else set()
     fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if not done:
-            os.ftruncate(fd, 0)
-        os.ftruncate(fd, size)
-        prog = _Progress(size, chunk, done)
-        ctx.stats.resumed += sum(prog.length(i) for i in done)
-        hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd, ctx.fsync)
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for i in range(prog.n):
-                    if i not in done:
-                        tg.create_task(_fetch_range(ctx, prog, fd, location, i, state, done))
-        except BaseException as exc:
-            prog.cancel()
-            with contextlib.suppress(BaseException):
-                await hasher
-            if isinstance(exc, BaseExceptionGroup):
-                first = exc.exceptions[0]
+        while True:
+            if not done:
+                os.ftruncate(fd, 0)
+            os.ftruncate(fd, size)
+            prog = _Progress(size, chunk, done)
+            resumed = sum(prog.length(i) for i in done)
+            ctx.stats.resumed += resumed
+            hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd, ctx.fsync)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for i in range(prog.n):
+                        if i not in done:
+                            tg.create_task(_fetch_range(ctx, prog, fd, location, i, state, done))
+            except BaseException as exc:
+                prog.cancel()
+                with contextlib.suppress(BaseException):
+                    await hasher
+                first: BaseException = exc
                 while isinstance(first, BaseExceptionGroup):
                     first = first.exceptions[0]
+                if isinstance(first, RangeNotSupported) and chunk < size:
+                    # the origin ignores Range: fetch the file as one stream instead (bytes
+                    # already fetched stay counted: they did cross the network)
+                    ctx.stats.resumed -= resumed
+                    chunk, done = max(size, 1), set()
+                    continue
+                if first is exc:
+                    raise
                 raise first from None
-            raise
+            break
         actual = await hasher
         assert actual is not None
         if expected is not None and actual != expected:
@@ -357,7 +372,7 @@ async def _fetch_range(
                             await ctx.limiter.take(n)
                 if pos < end:
                     raise TruncatedBody(f"{location.url}: range ended at {pos}, expected {end}")
-            except ObjectNotFound:
+            except (ObjectNotFound, RangeNotSupported):
                 raise
             except RETRYABLE as exc:
                 attempt += 1
