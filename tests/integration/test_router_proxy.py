@@ -302,6 +302,7 @@ async def test_decision_log_and_metrics(backends, make_router, tmp_path: Path) -
     assert (
         rows[1].outcome == "affinity" and rows[1].matched_blocks == 2 and rows[1].prefix_blocks == 2
     )
+    assert rows[0].outcome == "fallback" and rows[0].matched_blocks == 0
     keys = set(json.loads(text.splitlines()[0]))
     assert keys == {
         "ts",
@@ -321,8 +322,9 @@ async def test_decision_log_and_metrics(backends, make_router, tmp_path: Path) -
     async with r.session.get(r.url + "/metrics") as resp:
         m = await resp.text()
     assert (
-        'preheat_router_decisions_total{outcome="affinity",strategy="prefix_aware",variant="default"} 2.0'
+        'preheat_router_decisions_total{outcome="affinity",strategy="prefix_aware",variant="default"} 1.0'
         in m
     )
+    assert 'outcome="fallback",strategy="prefix_aware",variant="default"} 1.0' in m
     assert "preheat_router_decision_seconds_bucket" in m and "preheat_router_in_flight" in m
     assert "TOPSECRET" not in m

@@ -27,8 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from preheat.errors import ConfigError
 
@@ -47,13 +46,13 @@ _PROMPT_FIELDS = ("tools", "functions", "documents", "chat_template", "chat_temp
 _SEP = "\x1e"  # record separator: cannot be confused with ordinary text boundaries
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixKey:
+class PrefixKey(NamedTuple):
     """The hashed form of one request's prompt prefix; no text.
 
     ``chain[i]`` identifies the text up to the end of block ``i``; ``chain[-1]`` is the
     request's key. ``prefix_chars`` is how many characters were hashed (at most
-    ``prefix_length``), ``prompt_chars`` the length of the whole canonical prompt.
+    ``prefix_length``), ``prompt_chars`` the length of the whole canonical prompt,
+    ``cuts[i]`` where block ``i`` ends. Immutable (a NamedTuple: one per request).
     """
 
     chain: tuple[int, ...]
@@ -61,7 +60,6 @@ class PrefixKey:
     prompt_chars: int
     hinted: bool = False
     cuts: tuple[int, ...] = ()
-    """Where each block ends, in characters (``chain[i]`` covers ``text[:cuts[i]]``)."""
 
     @property
     def key(self) -> int:

@@ -16,8 +16,8 @@ read them. ``forget(instance_id)`` is called when an instance leaves the variant
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from preheat.errors import ConfigError
 from preheat.router.prefix import check_prefix_length
@@ -61,12 +61,12 @@ class RouteRequest:
     hint: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Choice(Generic[InstT]):
+class Choice(NamedTuple, Generic[InstT]):
     """A policy's decision: the instance, and why (for metrics and the decision log).
 
     ``rank`` is how many preferred candidates were passed over for load (0: the first
     preference got the request). ``state`` is policy-private data for ``on_sent``.
+    Immutable; a NamedTuple because one is built per request on the hot path.
     """
 
     instance: InstT
@@ -76,7 +76,7 @@ class Choice(Generic[InstT]):
     prefix_blocks: int = 0
     predicted_cached_tokens: int | None = None
     prompt_chars: int | None = None
-    state: Any = field(default=None, compare=False, repr=False)
+    state: Any = None
 
 
 @dataclass(frozen=True, slots=True)

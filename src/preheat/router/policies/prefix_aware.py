@@ -79,6 +79,7 @@ from preheat.router.prefix import (
 _MUL = SCORE_MULTIPLIER
 LOAD_FLOOR = 10.0
 INFLIGHT_SLACK = 1
+_INF = float("inf")
 
 
 def _scores(key: int, seeds: list[int]) -> list[int]:
@@ -107,18 +108,22 @@ class LearnedIndex:
         return 0, ()
 
     def record(self, chain: Sequence[int], instance_id: str) -> None:
-        """Note that ``instance_id`` was sent a prompt through every block of ``chain``."""
+        """Note that ``instance_id`` was sent a prompt through every block of ``chain``.
+
+        Holders of a block are kept in the order they first got it; the oldest is
+        dropped when a block has ``max_holders``.
+        """
         d = self._d
         cap = self.max_holders
+        move = d.move_to_end
         for h in chain:
             cur = d.get(h)
             if cur is None:
                 d[h] = (instance_id,)
             else:
-                if cur[-1] != instance_id:
-                    cur = (*(x for x in cur if x != instance_id), instance_id)
-                    d[h] = cur[-cap:] if len(cur) > cap else cur
-                d.move_to_end(h)
+                if instance_id not in cur:
+                    d[h] = (*cur[1:], instance_id) if len(cur) >= cap else (*cur, instance_id)
+                move(h)
         while len(d) > self.max_entries:
             d.popitem(last=False)
 
@@ -148,6 +153,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._seed_list: list[int] = []
         self._pos: dict[str, int] = {}
         self._recent: dict[str, float] = {}
+        self._rl: list[float] = []
+        self._last: Sequence[InstT] | None = None
         self._g = 1.0
 
     def key(self, request: RouteRequest) -> PrefixKey:
@@ -171,90 +178,104 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             cache_salt=salt if isinstance(salt, str) else None,
         )
 
-    def _seeds(self, instances: Sequence[InstT]) -> tuple[list[int], dict[str, int]]:
+    def _sync(self, instances: Sequence[InstT]) -> None:
+        """Align seeds, positions and recent counts with the caller's instance list.
+
+        The same list object with the same ends is taken as unchanged (the proxy and the
+        simulator build a new list when membership changes); anything else is compared
+        id by id.
+        """
+        ids0 = self._ids
+        if (
+            instances is self._last
+            and len(instances) == len(ids0)
+            and instances[0].id == ids0[0]
+            and instances[-1].id == ids0[-1]
+        ):
+            return
         ids = [i.id for i in instances]
-        if ids != self._ids:
+        self._last = instances
+        if ids != ids0:
+            for x, c in zip(ids0, self._rl, strict=True):
+                self._recent[x] = c
             seed = self.hasher.seed
             self._ids = ids
             self._seed_list = [seed(x) for x in ids]
             self._pos = {x: j for j, x in enumerate(ids)}
-        return self._seed_list, self._pos
+            self._rl = [self._recent.get(x, 0.0) for x in ids]
 
     def choose(self, request: RouteRequest, instances: Sequence[InstT]) -> Choice[InstT]:
         n = len(instances)
         if n == 0:
             raise NoHealthyInstance("no instance can take the request")
         p = self.params
+        eps = p.balance_epsilon
         pk = self.key(request)
         chain = pk.chain
-        seeds, pos = self._seeds(instances)
-        loads = [i.in_flight for i in instances]
-        # In-flight bound: bounded-load hashing plus one request of slack, so that a
-        # small fleet at low load (mean 1-2 in flight) keeps its affinity.
-        limit = min(
-            ceil((1.0 + p.balance_epsilon) * (sum(loads) + 1) / n) + INFLIGHT_SLACK,
-            p.concurrency_threshold,
-        )
-        # Share bound on recent (decayed) request counts, in the counters' scaled units.
+        self._sync(instances)
+        seeds = self._seed_list
+        pos = self._pos
+        recent = self._rl
         g = self._g
-        recent = [self._recent.get(x, 0.0) for x in self._ids]
+        loads = [i.in_flight for i in instances]
+        # 2. bounds: in-flight (bounded-load hashing + slack) and recent request counts.
+        limit = min(
+            ceil((1.0 + eps) * (sum(loads) + 1) / n) + INFLIGHT_SLACK, p.concurrency_threshold
+        )
         mean = sum(recent) / n
-        share_cap = mean + (p.balance_epsilon * max(mean, LOAD_FLOOR * g)) + g
-        ok = [loads[j] < limit and recent[j] < share_cap for j in range(n)]
-        if not any(ok):
-            ok = [x < limit for x in loads]
-        scores = _scores(pk.key, seeds)
+        share_cap = mean + eps * max(mean, LOAD_FLOOR * g) + g
+        # Recent counts of the instances under both bounds (inf for the others).
+        masked = [
+            r if x < limit and r < share_cap else _INF for x, r in zip(loads, recent, strict=True)
+        ]
+        low = min(masked)
+        if low == _INF:  # nobody under both: drop the share bound
+            masked = [r if x < limit else _INF for x, r in zip(loads, recent, strict=True)]
+            low = min(masked)
         depth, holders = self.index.longest(chain)
-        first = "hint" if pk.hinted else "affinity"
+        warm = [pos[h] for h in holders if h in pos] if depth else []
+        key = pk.key
 
         pick = -1
         rank = 0
-        outcome = first
-        warm: list[int] = []
-        # Excess load is relative to the mean, counted as at least LOAD_FLOOR requests so
-        # that the first few requests of a fresh router do not look like a big skew.
-        norm = p.load_weight / max(mean, LOAD_FLOOR * g)
-        if depth:
-            warm = [pos[h] for h in holders if h in pos]
-        if depth and not any(ok[j] for j in warm):
-            # 4. every holder is at a bound: spill along the matched prefix's own
+        outcome = "fallback"
+        if warm and all(masked[j] == _INF for j in warm) and low != _INF:
+            # 5. every holder is at a bound: spill along the matched prefix's own
             # rendezvous order, so its overflow always warms the same next instance.
-            order_scores = _scores(chain[depth - 1], seeds)
-            order = sorted(range(n), key=order_scores.__getitem__, reverse=True)
-            for r, j in enumerate(order):
-                if ok[j]:
-                    pick, rank, outcome = j, r, "spill"
-                    break
-        else:
-            # 3 and 5. the best value of cached share minus load among those under the
-            # bounds; ties by rendezvous score of the request key.
-            if not depth:
-                frac = 0.0
-            elif pk.hinted:
-                frac = 1.0
+            order = _scores(chain[depth - 1], seeds)
+            eligible = [o if m != _INF else -1 for o, m in zip(order, masked, strict=True)]
+            pick = eligible.index(max(eligible))
+            top = order[pick]
+            rank = sum(1 for o in order if o > top)
+            outcome = "spill"
+        elif low != _INF:
+            # 4. value = cached share - load_weight * excess load; the best non-holder
+            # is simply the least loaded under the bounds (ties by rendezvous score).
+            norm = p.load_weight / max(mean, LOAD_FLOOR * g)
+            if masked.count(low) == 1:
+                pick = masked.index(low)
             else:
-                frac = min(1.0, pk.cuts[depth - 1] / max(pk.prompt_chars, 1))
-            best = -1
-            best_v = 0.0
-            for j in range(n):
-                if not ok[j]:
-                    continue
-                v = (frac if j in warm else 0.0) - (recent[j] - mean) * norm
-                if best < 0 or v > best_v or (v == best_v and scores[j] > scores[best]):
-                    best, best_v = j, v
-            if best >= 0:
-                pick = best
-                rank = sum(1 for s in scores if s > scores[best])
-                if best in warm:
-                    outcome = first
-                    rank = sum(1 for j in warm if scores[j] > scores[best])
-                elif depth or rank:
+                ties = [j for j, r in enumerate(masked) if r == low]
+                pick = max(ties, key=lambda j: ((key ^ seeds[j]) * _MUL) & MASK64)
+            if warm:
+                best_v = -(low - mean) * norm
+                frac = 1.0 if pk.hinted else min(1.0, pk.cuts[depth - 1] / max(pk.prompt_chars, 1))
+                for j in warm:
+                    cnt = masked[j]
+                    if cnt != _INF:
+                        v = frac - (cnt - mean) * norm
+                        if v > best_v or j == pick:
+                            pick, best_v = j, v
+                if pick in warm:
+                    outcome = "hint" if pk.hinted else "affinity"
+                    sj = ((key ^ seeds[pick]) * _MUL) & MASK64
+                    rank = sum(1 for j in warm if ((key ^ seeds[j]) * _MUL) & MASK64 > sj)
+                else:
                     outcome = "spill"
         if pick < 0:
-            # 6. everyone at the bound: least loaded, ties by rendezvous score.
+            # everyone at the in-flight bound: least loaded, ties by rendezvous score.
+            scores = _scores(key, seeds)
             pick = max(range(n), key=lambda j: (-loads[j], scores[j]))
-            rank = sum(1 for s in scores if s > scores[pick])
-            outcome = "fallback"
 
         chosen = instances[pick]
         matched = depth if pick in warm else 0
@@ -264,8 +285,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             rank=rank,
             matched_blocks=matched,
             prefix_blocks=len(chain),
-            predicted_cached_tokens=min(matched * p.block_chars, pk.prefix_chars)
-            // CHARS_PER_TOKEN,
+            predicted_cached_tokens=(pk.cuts[matched - 1] if matched else 0) // CHARS_PER_TOKEN,
             prompt_chars=pk.prompt_chars,
             state=pk,
         )
@@ -276,14 +296,24 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self.index.record(pk.chain, choice.instance.id)
         # Decayed request counts: each count shrinks by (1 - 1/balance_window) per
         # decision; growing the unit instead of shrinking every count keeps this O(1).
-        self._g /= 1.0 - 1.0 / self.params.balance_window
+        g = self._g = self._g / (1.0 - 1.0 / self.params.balance_window)
         iid = choice.instance.id
-        self._recent[iid] = self._recent.get(iid, 0.0) + self._g
-        if self._g > 1e12:
+        j = self._pos.get(iid)
+        if j is not None and j < len(self._ids) and self._ids[j] == iid:
+            self._rl[j] += g
+        else:
+            self._recent[iid] = self._recent.get(iid, 0.0) + g
+        if g > 1e12:
+            self._rl = [c / g for c in self._rl]
             for k in self._recent:
-                self._recent[k] /= self._g
+                self._recent[k] /= g
             self._g = 1.0
 
     def forget(self, instance_id: str) -> None:
         self.index.forget(instance_id)
+        for x, c in zip(self._ids, self._rl, strict=True):
+            self._recent[x] = c
         self._recent.pop(instance_id, None)
+        self._ids = []
+        self._rl = []
+        self._last = None
