@@ -117,6 +117,14 @@ def test_bad_source_is_one_clear_line(tmp_path: Path, source: str, message: str)
     assert "Traceback" not in p.stderr
 
 
+def test_unusable_store_dir(tmp_path: Path) -> None:
+    """A store path that is a file fails with one line naming it."""
+    f = tmp_path / "not-a-dir"
+    f.write_text("x")
+    p = run("cache", "ls", "--store", str(f / "store"), ok=False)
+    assert p.returncode == 1 and "cannot use" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_verify_and_rm_refuses_leased(tmp_path: Path, origin: tuple[Path, HttpOrigin]) -> None:
     """verify exits 0 on a healthy store and 1 after corruption; rm refuses a leased snapshot."""
     _, o = origin

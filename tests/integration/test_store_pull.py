@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -280,6 +281,27 @@ def test_verify_quarantines_corrupt_blob_and_repull_repairs(
     again = store.pull(url)
     assert again.bytes_fetched == blob.stat().st_size if blob.exists() else again.bytes_fetched > 0
     assert store.verify().ok
+
+
+def test_clean_tmp_keeps_partials_in_use(tmp_path: Path) -> None:
+    """Old work dirs and abandoned partials go; a partial whose lock is held stays."""
+    import fcntl
+
+    store = _store(tmp_path)
+    tmp = store.layout.tmp
+    (tmp / "snap-old").mkdir()
+    for name in ("a", "b"):
+        (tmp / f"{name}.part").write_bytes(b"x")
+        (tmp / f"{name}.json").write_text("{}")
+    for p in tmp.iterdir():
+        os.utime(p, (time.time() - 2 * 86400, time.time() - 2 * 86400))
+    fd = os.open(tmp / "b.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert store.clean_tmp() == 2
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp.iterdir()) == ["a.lock", "b.json", "b.lock", "b.part"]
 
 
 def test_delete_removes_only_unshared_blobs(tmp_path: Path, origin_root: Path) -> None:

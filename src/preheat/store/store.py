@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
 from preheat.config import format_size
 from preheat.errors import (
+    CacheError,
     ConfigError,
     InsufficientSpace,
     SnapshotInUse,
@@ -91,6 +93,7 @@ class VerifyReport:
     removed_snapshots: tuple[str, ...]
     missing_snapshots: tuple[str, ...]
     seconds: float
+    cleaned_tmp: int = 0
 
     @property
     def ok(self) -> bool:
@@ -144,8 +147,13 @@ class NodeStore:
         self.retries = retries
         self.backoff = backoff
         self.layout = Layout(self.root)
-        self.layout.ensure()
-        self._db = Db(self.layout.db)
+        try:
+            self.layout.ensure()
+            self._db = Db(self.layout.db)
+        except (OSError, sqlite3.Error) as exc:
+            raise CacheError(
+                f"cannot use {self.root} as a store: {exc}; pass a writable directory"
+            ) from exc
 
     # --- pulling ------------------------------------------------------------------------
 
@@ -784,12 +792,45 @@ class NodeStore:
             d = self._require(con, key)
             con.execute(f"UPDATE snapshots SET {column}=? WHERE digest=?", (value, d))
 
+    # --- housekeeping -------------------------------------------------------------------
+
+    def clean_tmp(self, *, partial_max_age: float = 86400.0, work_max_age: float = 600.0) -> int:
+        """Remove leftovers in ``tmp/``: snapshot work dirs and trash older than
+        ``work_max_age`` s, and partial downloads nobody holds the lock of that were last
+        touched more than ``partial_max_age`` s ago. Returns how many entries went."""
+        now = time.time()
+        removed = 0
+        for p in self.layout.tmp.iterdir():
+            try:
+                age = now - p.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if p.is_dir() and p.name.startswith(("snap-", "trash-")) and age > work_max_age:
+                shutil.rmtree(p, ignore_errors=True)
+                removed += 1
+            elif p.suffix == ".part" and age > partial_max_age:
+                lock = p.with_suffix(".lock")
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue  # a fill is using it
+                    for q in (p, p.with_suffix(".json")):
+                        with contextlib.suppress(FileNotFoundError):
+                            q.unlink()
+                    removed += 1
+                finally:
+                    os.close(fd)
+        return removed
+
     # --- verification -------------------------------------------------------------------
 
     def verify(self, *, quarantine: bool = True, workers: int = 2) -> VerifyReport:
         """Re-hash every blob. Corrupt blobs move to ``quarantine/``; snapshots that use them
         are removed (pointers first) so the next pull fetches them again."""
         t0 = time.monotonic()
+        cleaned = self.clean_tmp() if quarantine else 0
         with self._db.connect() as con:
             blobs = self._blob_sizes(con)
             infos = self._infos(con)
@@ -833,4 +874,5 @@ class NodeStore:
             removed_snapshots=tuple(removed),
             missing_snapshots=missing,
             seconds=time.monotonic() - t0,
+            cleaned_tmp=cleaned,
         )
