@@ -194,7 +194,9 @@ def start_peer_router(
         extra = ["--disable-retries", "--log-level", "warning"]
     else:
         raise ValueError(f"peer router {kind!r} is unknown; use 'sglang' or 'vllm'")
+    # Each peer also opens a Prometheus port (29000 by default): give every one its own.
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy]
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     cmd += ["--worker-urls", *backends, *extra]
     proc, log = _launch(cmd, port, "/health", dict(os.environ), log_path, timeout)
     r = RouterProcess(proc=proc, port=port, log_path=log_path, _log=log)

@@ -1,0 +1,168 @@
+"""Agreement of independent router replicas, and churn when an instance joins or leaves.
+
+Agreement: 4 router processes (same salt, same 7 backends, no communication) each get
+the same RAG request stream at the same concurrency, all at once; a request agrees when
+all 4 sent it to the same backend. Backends are fast fakes that hold each request for
+--service-ms, so in-flight counts (and the load bounds) are live. Peer routers
+(sglang-router, vllm-router cache_aware) are measured the same way.
+
+Churn (in process, the same policy code): a policy routes every prefix of a stream,
+then one of N instances is removed (or one added) and the stream is routed again; a
+prefix is re-homed when its instance changed. Target: at most 1.1/N.
+
+    .venv/bin/python benchmarks/router_agreement.py --requests 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from preheat.bench.workloads import rag
+from preheat.router.policies import Instance, PolicyParams, PrefixAwarePolicy, RouteRequest
+from preheat.testing.routers import (
+    RouterProcess,
+    launch_router,
+    start_fast_backend,
+    start_peer_router,
+)
+
+SALT = b"agreement-benchmark-salt-0123456789"
+
+
+async def feed(url: str, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, str]:
+    """Send bodies in order; returns request id -> backend name that answered."""
+    out: dict[str, str] = {}
+    it = iter(bodies)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
+        async def worker() -> None:
+            for body in it:
+                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                    doc = await r.json()
+                    out[body["rid"]] = doc.get("backend", f"status {r.status}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return out
+
+
+async def feed_all(
+    urls: list[str], bodies: list[dict[str, Any]], concurrency: int
+) -> list[dict[str, str]]:
+    return list(await asyncio.gather(*(feed(u, bodies, concurrency) for u in urls)))
+
+
+@contextlib.contextmanager
+def replicas(kind: str, n: int, backends: list[str]) -> Iterator[list[RouterProcess]]:
+    with contextlib.ExitStack() as stack:
+        rs = []
+        for _ in range(n):
+            if kind == "preheat":
+                r = launch_router(backends=backends, strategy="prefix_aware", salt=SALT.decode())
+                stack.callback(r.stop)
+            else:
+                r = stack.enter_context(start_peer_router(kind, backends, policy="cache_aware"))
+            rs.append(r)
+        yield rs
+
+
+def agreement(choices: list[dict[str, str]]) -> float:
+    ids = set(choices[0])
+    for c in choices[1:]:
+        ids &= set(c)
+    same = sum(1 for i in ids if len({c[i] for c in choices}) == 1)
+    return same / max(len(ids), 1)
+
+
+def churn(n: int, prefixes: int, seed: int) -> tuple[float, float]:
+    """(share re-homed when one of n leaves, share re-homed when one joins)."""
+    rng = random.Random(seed)
+    texts = [
+        f"doc {p} " + "".join(rng.choice("abcdefgh ") for _ in range(1500)) for p in range(prefixes)
+    ]
+    stream = [rng.randrange(prefixes) for _ in range(prefixes * 4)]
+
+    def route(policy: PrefixAwarePolicy, fleet: list[Instance]) -> dict[int, str]:
+        home: dict[int, str] = {}
+        for i, p in enumerate(stream):
+            req = RouteRequest(f"r{i}", text=texts[p] + f" q{i}")
+            c = policy.choose(req, fleet)
+            policy.on_sent(req, c)
+            home[p] = c.instance.id
+        return home
+
+    fleet = [Instance(f"http://10.0.0.{i}:8000") for i in range(n)]
+    pol = PrefixAwarePolicy(PolicyParams(prefix_length=1024), salt=SALT)
+    before = route(pol, fleet)
+    gone = fleet[-1]
+    pol.forget(gone.id)
+    after = route(pol, fleet[:-1])
+    left = sum(1 for p in before if before[p] != after[p]) / len(before)
+
+    pol2 = PrefixAwarePolicy(PolicyParams(prefix_length=1024), salt=SALT)
+    before2 = route(pol2, fleet[:-1])
+    after2 = route(pol2, fleet)
+    joined = sum(1 for p in before2 if before2[p] != after2[p]) / len(before2)
+    return left, joined
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--backends", type=int, default=7)
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--service-ms", type=float, default=20.0)
+    ap.add_argument("--peers", default="sglang,vllm")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    console = Console()
+    console.print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
+    items = rag(args.requests, documents=40, doc_chars=3000, seed=7)
+    bodies = []
+    for it in items:
+        b = dict(it.body)
+        b["model"] = "fake"
+        b["rid"] = it.request_id
+        b["preheat_test"] = {"hang_s": args.service_ms / 1000}
+        bodies.append(b)
+    results: dict[str, Any] = {"agreement": {}, "churn": {}}
+    table = Table(
+        title=f"{args.replicas} replicas, {args.requests} RAG requests, {args.backends} backends"
+    )
+    for col in ("router", "concurrency", "all replicas agree"):
+        table.add_column(col, justify="right")
+    with contextlib.ExitStack() as stack:
+        backends = [stack.enter_context(start_fast_backend()).url for _ in range(args.backends)]
+        for kind in ["preheat", *[p for p in args.peers.split(",") if p]]:
+            for conc in (int(c) for c in args.concurrency.split(",")):
+                with replicas(kind, args.replicas, backends) as rs:
+                    choices = asyncio.run(feed_all([r.url for r in rs], bodies, conc))
+                a = agreement(choices)
+                results["agreement"][f"{kind}/c{conc}"] = a
+                table.add_row(kind, str(conc), f"{a:.1%}")
+    console.print(table)
+    t2 = Table(title="churn: share of prefixes re-homed (target <= 1.1/N)")
+    for col in ("N", "one leaves", "one joins", "1/N", "1.1/N"):
+        t2.add_column(col, justify="right")
+    for n in (4, 7, 16):
+        left, joined = churn(n, 800, 3)
+        results["churn"][n] = {"leave": left, "join": joined}
+        t2.add_row(str(n), f"{left:.3f}", f"{joined:.3f}", f"{1 / n:.3f}", f"{1.1 / n:.3f}")
+    console.print(t2)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
