@@ -64,7 +64,7 @@ class HttpSource:
             await self._session.close()
             self._session = None
 
-    def can_splice(self, location: Location) -> bool:
+    def can_direct(self, location: Location) -> bool:
         """Whether ``fetch_to_fd`` (zero-copy) may serve this location."""
         return _splice.AVAILABLE and self._splice_ok and location.url.startswith("http://")
 

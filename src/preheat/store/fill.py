@@ -314,15 +314,16 @@ def publish_file(layout: Layout, src: Path, digest: str, *, fsync: bool) -> Path
     return dest
 
 
-def _can_splice(source: Source, location: Location) -> bool:
-    check = getattr(source, "can_splice", None)
+def _can_direct(source: Source, location: Location) -> bool:
+    check = getattr(source, "can_direct", None)
     return bool(check is not None and check(location))
 
 
 async def _fetch_direct(
     ctx: FillContext, prog: _Progress, fd: int, location: Location, i: int, pos: int, end: int
 ) -> None:
-    """The zero-copy path: the source splices the body straight into ``fd``."""
+    """The zero-copy path: the source moves the bytes straight into ``fd`` (splice(2) for
+    http://, copy_file_range(2) for file://)."""
 
     def landed(offset: int, n: int) -> None:
         ctx.stats.fetched += n
@@ -351,7 +352,7 @@ async def _fetch_range(
             break
         async with ctx.connections:
             try:
-                if ctx.limiter is None and ctx.direct and _can_splice(ctx.source, location):
+                if ctx.limiter is None and ctx.direct and _can_direct(ctx.source, location):
                     try:
                         await _fetch_direct(ctx, prog, fd, location, i, pos, end)
                     except Unsupported:
