@@ -128,12 +128,18 @@ def test_pull_single_file_url(tmp_path: Path, nginx: HttpOrigin, origin_root: Pa
     assert store.pull(nginx.url(f"big/{name}")).bytes_fetched == 0
 
 
-def test_pull_file_tree_and_unchanged_files_not_recopied(tmp_path: Path, origin_root: Path) -> None:
-    """file:// trees are copied and hashed; after touching one file only that file is copied."""
+@pytest.mark.parametrize("rate_limit", [None, 1e12])
+def test_pull_file_tree_and_unchanged_files_not_recopied(
+    tmp_path: Path, origin_root: Path, rate_limit: float | None
+) -> None:
+    """file:// trees are copied and hashed; after touching one file only that file is copied.
+
+    Without a rate limit the copy runs in the kernel (copy_file_range); with one, through
+    Python reads."""
     src = tmp_path / "src"
     shutil.copytree(origin_root / "m", src)
     store = _store(tmp_path)
-    r1 = store.pull(f"file://{src}")
+    r1 = store.pull(f"file://{src}", rate_limit=rate_limit, chunk=1 * MiB)
     assert _tree(r1.snapshot) == _tree(src)
     (src / "config.json").write_text('{"changed": true}')
     r2 = store.pull(f"file://{src}")
