@@ -5,10 +5,11 @@ How one file is fetched (``fetch_blob``):
 - The file is cut into ``chunk``-sized ranges; each range is one ranged request holding
   one of the pull's connection slots (an ``asyncio.Semaphore`` shared by all files), so
   a single big file uses every connection and many small files share them.
-- Bytes are written at their offsets (``os.pwrite``) into ``tmp/<key>.part``.
+- Bytes land at their offsets in ``tmp/<key>.part``: moved by the kernel where the source
+  offers a direct path (splice for http://, copy_file_range for file://), else ``os.pwrite``.
 - Hashing overlaps the download: a thread follows the *contiguous* written prefix and
-  hashes it by reading it back from the page cache, so ranges may finish in any order.
-  The same thread asks the kernel to start writing back what it hashed
+  hashes it through a read-only mmap (no copy), so ranges may finish in any order.
+- Each finished range is handed to the kernel for writeback at once
   (``sync_file_range``), so the final ``fsync`` before publishing finds little to do.
 - Every finished range is recorded in ``tmp/<key>.json``; after a crash the next fill
   skips those ranges (the hash is recomputed from the bytes on disk).
@@ -53,7 +54,6 @@ from preheat.store.layout import Layout
 
 DEFAULT_CHUNK = 32 << 20
 _HASH_READ = 8 << 20
-_SYNC_EVERY = 128 << 20
 RETRYABLE: tuple[type[BaseException], ...] = (OriginUnavailable, TruncatedBody, TimeoutError)
 
 _libc = None
@@ -113,6 +113,7 @@ class _Progress:
         self.cond = threading.Condition()
         self.first = 0
         self.cancelled = False
+        self.writebacks: list[asyncio.Future[None]] = []
         self._advance_first()
 
     def length(self, i: int) -> int:
@@ -140,7 +141,7 @@ class _Progress:
             self.cancelled = True
             self.cond.notify_all()
 
-    def hash_following(self, fd: int, sync: bool) -> str | None:
+    def hash_following(self, fd: int) -> str | None:
         """Runs in a thread: sha256 of the file as its contiguous prefix grows.
 
         Reads through a read-only mmap of the file, so hashing costs no copy out of the
@@ -154,7 +155,6 @@ class _Progress:
         view = memoryview(mm)
         try:
             pos = 0
-            synced = 0
             while pos < self.size:
                 with self.cond:
                     while self.watermark <= pos and not self.cancelled:
@@ -166,9 +166,6 @@ class _Progress:
                     n = min(_HASH_READ, wm - pos)
                     h.update(view[pos : pos + n])
                     pos += n
-                if sync and pos - synced >= _SYNC_EVERY:
-                    _start_writeback(fd, synced, pos - synced)
-                    synced = pos
             return h.hexdigest()
         finally:
             view.release()
@@ -253,7 +250,7 @@ async def fetch_blob(
             prog = _Progress(size, chunk, done)
             resumed = sum(prog.length(i) for i in done)
             ctx.stats.resumed += resumed
-            hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd, ctx.fsync)
+            hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd)
             try:
                 async with asyncio.TaskGroup() as tg:
                     for i in range(prog.n):
@@ -286,6 +283,8 @@ async def fetch_blob(
                     p.unlink()
             raise DigestMismatch(path, expected, actual)
         if ctx.fsync:
+            if prog.writebacks:
+                await asyncio.gather(*prog.writebacks)
             await loop.run_in_executor(ctx.executor, os.fsync, fd)
         os.fchmod(fd, 0o444)
     finally:
@@ -387,3 +386,9 @@ async def _fetch_range(
         break
     done.add(i)
     _save_state(state, prog.size, prog.chunk, location.fingerprint, done)
+    if ctx.fsync:  # start writing this range to disk now, so the final fsync is short
+        prog.writebacks.append(
+            asyncio.get_running_loop().run_in_executor(
+                ctx.executor, _start_writeback, fd, start, end - start
+            )
+        )
