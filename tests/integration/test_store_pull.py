@@ -223,7 +223,10 @@ def test_eviction_makes_room_but_never_takes_leased_or_pinned(
         store.delete(a.manifest_digest)
     # a lease survives across NodeStore instances (it lives in sqlite)
     assert NodeStore(store.root).leases(a.manifest_digest) == ["replica-1"]
-    store.release(a.manifest_digest, "replica-1")
+    store.lease(a.manifest_digest, "replica-2")
+    assert store.release(a.manifest_digest, "replica-1")
+    assert not store.release(a.manifest_digest, "replica-1")
+    assert store.release_holder("replica-2") == 1 and store.leases(a.manifest_digest) == []
     store.pin(a.manifest_digest)
     with pytest.raises(InsufficientSpace):
         store.pull(nginx.url("big/preheat-manifest.json"))

@@ -767,6 +767,11 @@ class NodeStore:
             )
             return cur.rowcount > 0
 
+    def release_holder(self, holder: str) -> int:
+        """Drop every lease ``holder`` has (a replica that is gone); returns how many."""
+        with self._db.write() as con:
+            return con.execute("DELETE FROM leases WHERE holder=?", (holder,)).rowcount
+
     def leases(self, manifest_digest: str) -> list[str]:
         with self._db.connect() as con:
             d = self._require(con, manifest_digest)
