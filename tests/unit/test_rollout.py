@@ -24,6 +24,7 @@ from preheat.control.state import (
     Rollback,
     StartReplica,
     StopReplica,
+    Unschedulable,
     VariantStatus,
     WaitGate,
     Warm,
@@ -42,6 +43,7 @@ class World:
     nodes: dict[str, dict[str, str]]
     broken: set[str] = field(default_factory=set)
     warm_ticks: int = 1
+    slots: int = 2
     replicas: dict[str, ReplicaView] = field(default_factory=dict)
     status: VariantStatus = field(default_factory=VariantStatus)
     now: float = 0.0
@@ -55,7 +57,7 @@ class World:
             nodes=tuple(
                 NodeView(
                     name,
-                    slots=2,
+                    slots=self.slots,
                     cache=tuple((r, CacheView(s)) for r, s in sorted(cache.items())),  # type: ignore[arg-type]
                 )
                 for name, cache in sorted(self.nodes.items())
@@ -218,3 +220,27 @@ def test_plan_is_repeatable() -> None:
     w = World(nodes={"a": {R1: "ready"}, "b": {}})
     obs = w.observed()
     assert plan(desired(R1), obs) == plan(desired(R1), obs)
+
+
+def test_full_nodes_roll_one_unavailable_at_a_time() -> None:
+    """With every slot taken, one old replica is drained to make room (never more than
+    one down at a time); the rollout completes."""
+    w = World(nodes={"a": {}, "b": {}, "c": {}}, slots=1)
+    settle(w, desired(R1, 3))
+    assert len(w.serving()) == 3
+    d2 = desired(R2, 3)
+    for _ in range(40):
+        w.tick(d2)
+        assert len(w.serving()) >= 2
+    assert w.status.stable == R2
+    assert sorted(r.revision for r in w.serving()) == [R2, R2, R2]
+
+
+def test_single_replica_without_room_waits_and_says_why() -> None:
+    """One replica and no free slot: the old one keeps serving, the plan says why."""
+    w = World(nodes={"a": {}}, slots=1)
+    settle(w, desired(R1, 1))
+    for _ in range(10):
+        acts = w.tick(desired(R2, 1))
+    assert [r.revision for r in w.serving()] == [R1]
+    assert any(isinstance(a, Unschedulable) for a in acts)

@@ -16,6 +16,10 @@ Rolling update (surge first, never below the desired count of serving replicas):
    old replicas are drained, one per available new replica above ``desired``: the router
    stops sending them requests first, the process stops after its in-flight requests
    finish. Old replicas that never became ready are stopped at once.
+   When no node has a free slot for the surge replica, one old replica is drained first
+   to make room (at most one unavailable, never the last one serving; a node that
+   already holds the new revision is preferred, so its successor starts warm). With a
+   single replica and no free slot the rollout waits and says why.
 4. When no old replica is left and ``desired`` new ones are ready, the rollout finishes:
    the new revision becomes stable; its predecessor is no longer used by any replica, so
    its leases are gone and ``plan.py`` deletes its cache from every node.
@@ -108,9 +112,10 @@ def step_variant(
         if r.phase == "ready" and not r.routed:
             out.append(AddRoute(r.id))
 
-    def start(n: int, reason: StartReason) -> None:
+    def start(n: int, reason: StartReason) -> int:
+        """Place up to ``n`` new replicas; returns how many could not be placed."""
         if n <= 0 or not may_start:
-            return
+            return 0
         placements, why = place(
             nodes, replicas, variant=dv.name, revision=target, count=n, planned=planned
         )
@@ -120,6 +125,7 @@ def step_variant(
                 planned[p.node] = planned.get(p.node, 0) + 1
         if why:
             out.append(Unschedulable(dv.name, target, n - len(placements), why))
+        return n - len(placements)
 
     if not old:
         missing = dv.replicas - len(new)
@@ -144,12 +150,26 @@ def step_variant(
             out.append(Drain(r.id, reason="superseded before it was ready"))
     old_ready = [r for r in old if r.phase == "ready"]
     room = dv.replicas + max_surge - len(new) - len(old_ready)
-    start(min(dv.replicas - len(new), room), "rollout")
+    wanted = min(dv.replicas - len(new), room)
+    unplaced = start(wanted, "rollout")
     available_new = [r for r in new if r.phase == "ready" and r.routed]
     excess = len(available_new) + len(old_ready) - dv.replicas
     if excess > 0:
         for r in sorted(old_ready, key=lambda r: r.seq)[:excess]:
             out.append(Drain(r.id, reason=f"replaced by {target[:12]}"))
+    elif (
+        unplaced
+        and unplaced == wanted  # nothing could start this tick
+        and len(available_new) == len(new)  # no new replica still on its way in
+        and not any(r.phase == "draining" for r in mine)
+        and len(available_new) + len(old_ready) >= 2
+    ):
+        # No free slot for the surge replica: make room by draining one old replica
+        # (at most one unavailable at a time, never the last one serving), preferring
+        # one on a node that already holds the new revision so its successor starts warm.
+        warm_nodes = {n.name for n in nodes if n.holds(target)}
+        victim = min(old_ready, key=lambda r: (r.node not in warm_nodes, r.seq))
+        out.append(Drain(victim.id, reason=f"making room for {target[:12]} (no free slot)"))
     return out
 
 
