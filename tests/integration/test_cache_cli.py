@@ -71,6 +71,13 @@ def test_pull_json_ls_pin_evict(tmp_path: Path, origin: tuple[Path, HttpOrigin])
     table = run("cache", "ls", "--store", store).stdout
     assert a["manifest_digest"][:16] in table and "next eviction" in table
 
+    run("cache", "priority", Path(b_snap).name, "5", "--store", store)
+    listing = json.loads(run("cache", "ls", "--store", store, "--json").stdout)
+    assert listing["eviction_order"][0] == a["manifest_digest"]
+    assert {s["priority"] for s in listing["snapshots"]} == {0, 5}
+    run("cache", "priority", "--store", store, "--", Path(b_snap).name, "-1")
+    listing = json.loads(run("cache", "ls", "--store", store, "--json").stdout)
+    assert listing["eviction_order"][0] == Path(b_snap).name  # low priority goes first
     run("cache", "pin", a["manifest_digest"][:12], "--store", store)
     dry = run("cache", "evict", "--store", store, "--free", "1MiB", "--dry-run").stdout
     assert f"evict snapshot {Path(b_snap).name}" in dry and a["manifest_digest"] not in dry

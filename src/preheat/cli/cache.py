@@ -355,6 +355,22 @@ def unpin(snapshot: str, store_dir: Path, capacity: str | None, high_watermark: 
 
 @cache.command()
 @click.argument("snapshot")
+@click.argument("value", type=int)
+@_store_option
+def priority(
+    snapshot: str, value: int, store_dir: Path, capacity: str | None, high_watermark: float
+) -> None:
+    """Set SNAPSHOT's eviction priority to VALUE: higher is evicted later (default 0).
+
+    A negative VALUE goes after ``--``: preheat cache priority --store DIR -- 5ab806 -1
+    """
+    with _errors():
+        _open(store_dir, capacity, high_watermark).set_priority(snapshot, value)
+    click.echo(f"priority of {snapshot} is {value}")
+
+
+@cache.command()
+@click.argument("snapshot")
 @_store_option
 def rm(snapshot: str, store_dir: Path, capacity: str | None, high_watermark: float) -> None:
     """Delete SNAPSHOT and the blobs only it used (refused while it is leased)."""
