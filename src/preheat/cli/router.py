@@ -59,6 +59,13 @@ def router() -> None:
     help="prefix_aware: skip an instance above (1+eps) x mean in-flight.",
 )
 @click.option(
+    "--load-weight",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="prefix_aware: how strongly excess load offsets a cached prefix (0 = hits only).",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -106,6 +113,7 @@ def serve(
     prefix_length: int,
     concurrency_threshold: int,
     balance_epsilon: float,
+    load_weight: float,
     config_file: Path | None,
     admin_token: str | None,
     salt_file: Path | None,
@@ -147,6 +155,7 @@ def serve(
                             "prefix_length": prefix_length,
                             "concurrency_threshold": concurrency_threshold,
                             "balance_epsilon": balance_epsilon,
+                            "load_weight": load_weight,
                             "instances": list(backends),
                         }
                     ]

@@ -349,8 +349,8 @@ class Router:
         extra = {"X-Preheat-Instance": up.id, "X-Preheat-Outcome": choice.outcome}
         try:
             try:
-                resp = await self.session.post(up.id + request.path, data=raw, headers=headers)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                resp = await self._send(up.id + request.path, raw, headers)
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
                 m.child(m.upstream_errors, vname, up.id, "connect").inc()
                 log.warning("instance %s refused the request: %s", up.id, exc)
                 self.set_state(up, "unhealthy")
@@ -421,6 +421,21 @@ class Router:
                         decision_us=round(decision_us, 2),
                     )
                 )
+
+    async def _send(self, url: str, raw: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """POST once more on a fresh connection if a pooled keep-alive one was stale.
+
+        An instance may close an idle keep-alive connection just as we reuse it (seen with
+        llama-server): the write fails or the server hangs up before any response. That is
+        not the instance failing, so it gets a second try; a refused connection does not.
+        """
+        try:
+            return await self.session.post(url, data=raw, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            log.debug("retrying %s on a fresh connection after %r", url, exc)
+            return await self.session.post(url, data=raw, headers=headers)
 
     async def _stream(
         self,
