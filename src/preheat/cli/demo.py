@@ -416,24 +416,21 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     rs = s["readiness_seconds"]
     t = Table(title="replica readiness (seconds, per stage)", title_justify="left")
     stages = ["weights_ready", "runtime_started", "weights_loaded", "healthy", "first_response"]
+    short = ["weights", "runtime", "loaded", "healthy", "1st resp"]
     t.add_column("start")
     t.add_column("node")
-    t.add_column("weights from")
-    for st in stages:
+    t.add_column("from origin", justify="right")
+    for st in short:
         t.add_column(st, justify="right")
     t.add_column("ready", justify="right", style="bold")
-    for label, key in (
-        ("no cache (cold)", "cold"),
-        ("with cache (warm)", "warm"),
-        ("new node (warmed)", "new_node"),
-    ):
+    for label, key in (("cold (no cache)", "cold"), ("warm", "warm"), ("new node", "new_node")):
         r = rs.get(key)
         if not r:
             continue
         t.add_row(
             label,
             r["node"],
-            f"{r['weights_source']} ({format_size(r['bytes_from_origin'])} origin)",
+            format_size(r["bytes_from_origin"]),
             *(f"{r['stages'].get(st, 0):.2f}" for st in stages),
             f"{r['ready']:.2f}",
         )
@@ -473,10 +470,10 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     show_default=True,
     help="Where events.jsonl, summary.json, logs/ and report/ go.",
 )
-@click.option("--size", default="1GiB", show_default=True, help="Sample model size.")
+@click.option("--size", default="2GiB", show_default=True, help="Sample model size.")
 @click.option(
     "--bandwidth",
-    default="50MiB",
+    default="100MiB",
     show_default=True,
     help="Origin download limit per node, per second (makes the cold path slow).",
 )
@@ -500,7 +497,7 @@ def demo(
     engines) and the router all run on 127.0.0.1. About 3 minutes on 2 cores with
     the defaults; use --size 256MiB for a quicker look.
     """
-    console = Console(stderr=as_json)
+    console = Console(stderr=as_json, width=None if sys.stderr.isatty() else 110)
     try:
         size_b = parse_size(size, what="--size")
         bw_b = parse_size(bandwidth.removesuffix("/s"), what="--bandwidth")
