@@ -273,6 +273,7 @@ async def run_demo(
     spec = _spec("demo", src1, cache=False, strategy="random", replicas_max=4)
     fleet = LocalFleet(spec, cluster, out)
     summary: dict[str, Any] = {}
+    inventory: list[Any] = []
     try:
         await fleet.start()
         model_bytes = 0
@@ -326,7 +327,13 @@ async def run_demo(
         rollout_bytes = fleet.fetched_bytes(rev2)
 
         say("[5/6] a new node joins: it is warmed, and a scale-out lands on it")
-        await fleet.add_node("node-4", labels={"pool": "gpu"}, capacity=3 * size, slots=1)
+        await fleet.add_node(
+            "node-4",
+            labels={"pool": "gpu"},
+            capacity=3 * size,
+            slots=1,
+            store=work / "nodes" / "node-4",
+        )
         await wait_view(
             fleet,
             "warm-up of node-4",
@@ -371,6 +378,7 @@ async def run_demo(
         c, w = summary["readiness_seconds"]["cold"], summary["readiness_seconds"]["warm"]
         if c and w and w["ready"] > 0:
             summary["readiness_ratio_cold_over_warm"] = round(c["ready"] / w["ready"], 2)
+        inventory = fleet.inventory()
     finally:
         await fleet.stop()
         await runner.cleanup()
@@ -390,6 +398,7 @@ async def run_demo(
         records,
         out / "report",
         routing_summary=routing_table,
+        inventory=inventory,
         title="preheat demo: cold vs warm starts, rollout, routing",
     )
     summary["report"] = str(page)

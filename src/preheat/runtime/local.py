@@ -85,6 +85,7 @@ from preheat.runtime.procs import Child, free_port, preheat_command, spawn, wait
 from preheat.runtime.router_proc import RouterProcess
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
 from preheat.telemetry.events import EventLog, StartRecord
+from preheat.telemetry.inventory import NodeInventory, WarmupFailure, inventory_from_store
 
 __all__ = ["LocalFleet", "ResolvedVariant"]
 
@@ -117,6 +118,7 @@ class _Node:
     warm_failures: Counter[str] = field(default_factory=Counter)
     warm_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     progress: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_failure: WarmupFailure | None = None
 
 
 @dataclass
@@ -324,8 +326,10 @@ class LocalFleet:
         capacity: int | None = None,
         labels: dict[str, str] | None = None,
         slots: int | None = None,
+        store: Path | None = None,
     ) -> None:
-        """Bring a node (back) into the cluster; a target node is warmed by the controller."""
+        """Bring a node (back) into the cluster; a target node is warmed by the controller.
+        A new node's store goes to ``store`` (default: ``<state>/nodes/NAME``)."""
         if name in self.nodes:
             node = self.nodes[name]
             if node.up:
@@ -336,7 +340,7 @@ class LocalFleet:
             template = self.cluster.nodes[0]
             spec = NodeSpec(
                 name=name,
-                store=self.state_dir / "nodes" / name,
+                store=store or self.state_dir / "nodes" / name,
                 capacity=capacity or template.capacity,
                 labels=tuple(sorted((labels or dict(template.labels)).items())),
                 slots=slots or template.slots,
@@ -445,6 +449,25 @@ class LocalFleet:
             "events": str(self.events.path),
             "messages": list(self.messages),
         }
+
+    def inventory(self) -> list[NodeInventory]:
+        """Each node's cache (from its store) joined with the controller's readiness and
+        its last warm-up failure, for reports and `/metrics`."""
+        out = []
+        for n in self.nodes.values():
+            if n.cache.closed:
+                continue
+            failure = n.last_failure
+            out.append(
+                inventory_from_store(
+                    n.spec.name,
+                    n.cache.store,
+                    capacity_bytes=n.spec.capacity,
+                    ready={rev: v.state == "ready" for rev, v in n.views.items()},
+                    last_warmup_failure=failure,
+                )
+            )
+        return out
 
     def fetched_bytes(self, revision: str) -> int:
         """Bytes fetched from the origin for ``revision`` over all nodes."""
@@ -707,6 +730,7 @@ class LocalFleet:
             outcome = await node.cache.pull(rv.source, revision, progress=progress)
         except InsufficientSpace as exc:
             node.views[revision] = CacheView("unfit", reason=str(exc))
+            node.last_failure = WarmupFailure(revision, str(exc), self.clock.wall())
             self.say(f"{node.spec.name} cannot hold {revision[:12]}: {exc}")
             raise
         except (FetchError, PreheatError, OSError) as exc:
@@ -718,6 +742,7 @@ class LocalFleet:
                 reason=f"{exc}; retry {n + 1} in {delay:.0f} s",
                 retry_at=self.clock.now() + delay,
             )
+            node.last_failure = WarmupFailure(revision, str(exc), self.clock.wall())
             self.say(f"warm-up of {revision[:12]} on {node.spec.name} failed: {exc}")
             raise
         finally:

@@ -55,6 +55,10 @@ class NodeCache:
             raise ControlError(f"node {self.spec.name}: store is not open")
         return self._store
 
+    @property
+    def closed(self) -> bool:
+        return self._store is None
+
     def open(self) -> None:
         self.spec.store.mkdir(parents=True, exist_ok=True)
         self._store = NodeStore(self.spec.store, capacity=self.spec.capacity)

@@ -1,0 +1,66 @@
+"""`preheat demo --json --out DIR` end to end, on a small model so it runs in seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preheat.telemetry.events import read_start_records
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
+    """The demo prints the documented JSON summary, writes events and the HTML report, and
+    shows what it promises: warm starts beat cold ones, a one-shard change moves one shard
+    per node, prefix-aware routing hits the KV cache more often than random."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from preheat.cli import main; main()",
+            "demo",
+            "--json",
+            "--out",
+            str(out),
+            "--size",
+            "32MiB",
+            "--bandwidth",
+            "8MiB",
+            "--requests",
+            "80",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=230,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert s["model_bytes"] >= 32 * 1024**2
+    cold, warm = s["readiness_seconds"]["cold"], s["readiness_seconds"]["warm"]
+    assert cold["weights_source"] == "origin" and cold["bytes_from_origin"] == s["model_bytes"]
+    assert warm["weights_source"] == "cache" and warm["bytes_from_origin"] == 0
+    assert set(cold["stages"]) >= {"weights_ready", "runtime_started", "healthy"}
+    # 32 MiB at 8 MiB/s: the cold download alone takes about 4 s.
+    assert cold["stages"]["weights_ready"] > 3.0
+    assert cold["ready"] > 2 * warm["ready"]
+    assert s["rollout_bytes_fetched"] == s["rollout_nodes"] * s["rollout_changed_shard_bytes"]
+    assert s["readiness_seconds"]["new_node"]["node"] == "node-4"
+    routing = s["routing"]
+    assert set(routing) == {"random", "prefix_aware"}
+    for r in routing.values():
+        assert r["failed"] == 0
+        assert {"ttft_p50_ms", "ttft_p90_ms", "kv_hit_rate", "shares"} <= set(r)
+        assert len(r["shares"]) == 4 and abs(sum(r["shares"].values()) - 1) < 0.01
+    assert routing["prefix_aware"]["kv_hit_rate"] > routing["random"]["kv_hit_rate"]
+    assert (out / "report" / "index.html").exists()
+    assert list((out / "report").glob("*.png"))
+    records = read_start_records(out / "events.jsonl")
+    classes = {r.event_class.value for r in records}
+    assert {"new_node", "scale_out", "new_version"} <= classes
+    assert not (out / "work").exists()  # the stores are cleaned up without --keep
