@@ -67,8 +67,14 @@ def replicas(kind: str, n: int, backends: list[str]) -> Iterator[list[RouterProc
     with contextlib.ExitStack() as stack:
         rs = []
         for _ in range(n):
-            if kind == "preheat":
-                r = launch_router(backends=backends, strategy="prefix_aware", salt=SALT.decode())
+            if kind.startswith("preheat"):
+                placement = "hash" if kind.endswith("hash") else "learned"
+                r = launch_router(
+                    backends=backends,
+                    strategy="prefix_aware",
+                    salt=SALT.decode(),
+                    extra_args=["--placement", placement],
+                )
                 stack.callback(r.stop)
             else:
                 r = stack.enter_context(start_peer_router(kind, backends, policy="cache_aware"))
@@ -144,7 +150,7 @@ def main() -> None:
         table.add_column(col, justify="right")
     with contextlib.ExitStack() as stack:
         backends = [stack.enter_context(start_fast_backend()).url for _ in range(args.backends)]
-        for kind in ["preheat", *[p for p in args.peers.split(",") if p]]:
+        for kind in ["preheat", "preheat-hash", *[p for p in args.peers.split(",") if p]]:
             for conc in (int(c) for c in args.concurrency.split(",")):
                 with replicas(kind, args.replicas, backends) as rs:
                     choices = asyncio.run(feed_all([r.url for r in rs], bodies, conc))

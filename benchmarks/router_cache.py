@@ -38,11 +38,13 @@ PEERS = {"sglang": "sglang", "vllm": "vllm"}
 def router_for(
     name: str, urls: list[str], args: argparse.Namespace, logdir: Path
 ) -> Iterator[RouterProcess]:
-    if name in OURS:
+    if name.split("-")[0] in OURS:
+        strategy, _, placement = name.partition("-")
         extra = ["--balance-epsilon", str(args.epsilon)]
+        extra += ["--placement", placement] if placement else []
         r = launch_router(
             backends=urls,
-            strategy=name,
+            strategy=strategy,
             prefix_length=args.prefix_length,
             concurrency_threshold=args.threshold,
             extra_args=extra,
@@ -69,7 +71,7 @@ async def one_run(
         await asyncio.sleep(0.2)
         after = await engine_counters(urls)
         outcomes_by_kind = {}
-        if name in OURS:
+        if name.split("-")[0] in OURS:
             import urllib.request
 
             with urllib.request.urlopen(r.url + "/metrics") as resp:
@@ -88,7 +90,11 @@ async def one_run(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="rag,chat,templated,unique")
-    ap.add_argument("--routers", default="random,least_outstanding,prefix_aware,sglang,vllm")
+    ap.add_argument(
+        "--routers",
+        default="random,least_outstanding,prefix_aware,prefix_aware-hash,sglang,vllm",
+        help="preheat strategies (prefix_aware-hash: placement hash) and peers sglang, vllm",
+    )
     ap.add_argument("--n", type=int, default=300, help="requests per run")
     ap.add_argument("--concurrency", type=int, default=14)
     ap.add_argument("--instances", type=int, default=7)

@@ -214,3 +214,29 @@ def test_memory_stays_bounded_with_100k_distinct_prefixes() -> None:
         tracemalloc.stop()
     assert len(p.index) <= 10_000
     assert peak < 3_000_000, peak
+
+
+def test_replicas_agree_on_the_same_stream_and_hash_placement_in_any_order() -> None:
+    """Learned placement: identical decisions for an identical stream. Hash placement:
+    identical decisions even when each replica sees the requests in a shuffled order."""
+    items = chat(300, seed=4)
+
+    def run(placement: str, order: list[int]) -> dict[str, str]:
+        p = PrefixAwarePolicy(PolicyParams(placement=placement), salt=SALT)
+        fleet = _fleet(7)
+        out = {}
+        for k in order:
+            req = RouteRequest(items[k].request_id, body=items[k].body)
+            c = p.choose(req, fleet)
+            p.on_sent(req, c)
+            out[req.request_id] = c.instance.id
+        return out
+
+    same = list(range(len(items)))
+    a, b = run("learned", same), run("learned", same)
+    assert a == b
+    shuffled = same[:]
+    random.Random(9).shuffle(shuffled)
+    assert run("hash", same) == run("hash", shuffled)
+    with pytest.raises(ConfigError, match="placement 'sticky'"):
+        PolicyParams(placement="sticky")

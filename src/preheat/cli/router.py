@@ -66,6 +66,14 @@ def router() -> None:
     help="prefix_aware: how strongly excess load offsets a cached prefix (0 = hits only).",
 )
 @click.option(
+    "--placement",
+    type=click.Choice(["learned", "hash"]),
+    default="learned",
+    show_default=True,
+    help="prefix_aware: learned (load-aware, best hit rate and balance) or hash "
+    "(stateless rendezvous; replicas agree whatever order they see requests in).",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -114,6 +122,7 @@ def serve(
     concurrency_threshold: int,
     balance_epsilon: float,
     load_weight: float,
+    placement: str,
     config_file: Path | None,
     admin_token: str | None,
     salt_file: Path | None,
@@ -156,6 +165,7 @@ def serve(
                             "concurrency_threshold": concurrency_threshold,
                             "balance_epsilon": balance_epsilon,
                             "load_weight": load_weight,
+                            "placement": placement,
                             "instances": list(backends),
                         }
                     ]

@@ -14,6 +14,7 @@ File format (YAML or JSON; see docs/routing.md)::
         max_holders: 8              # instances remembered per learned block
         balance_window: 1000        # decisions over which request shares are balanced
         load_weight: 1.0            # excess load (vs mean) that offsets a cached share
+        placement: learned          # learned | hash (stateless; replicas agree in any order)
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504
     connect_timeout_s: 5
@@ -52,6 +53,7 @@ _VARIANT_KEYS = {
     "max_holders",
     "balance_window",
     "load_weight",
+    "placement",
     "instances",
 }
 _TOP_KEYS = {"variants", "upstream_timeout_s", "connect_timeout_s", "max_body_bytes", "health"}
@@ -64,6 +66,7 @@ PATCHABLE = (
     "balance_epsilon",
     "balance_window",
     "load_weight",
+    "placement",
 )
 
 
@@ -102,6 +105,7 @@ class VariantConfig:
             "max_holders": p.max_holders,
             "balance_window": p.balance_window,
             "load_weight": p.load_weight,
+            "placement": p.placement,
             "instances": list(self.instances),
         }
 
@@ -203,10 +207,13 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
             "max_holders",
             "balance_window",
             "load_weight",
+            "placement",
         )
         if k in data
     }
     for k, v in kwargs.items():
+        if k == "placement":
+            continue
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ConfigError(f"{where}: {k} {v!r} is not a number")
         if k not in ("balance_epsilon", "load_weight") and not isinstance(v, int):

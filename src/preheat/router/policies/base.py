@@ -92,6 +92,8 @@ class PolicyParams:
     balance_window: decisions over which request shares are balanced (decay 1/window).
     load_weight: how much an instance's excess load (relative to the mean) offsets the
         share of the prompt it holds cached (0-100; 1 trades them one for one).
+    placement: ``learned`` (load-aware, learned holders) or ``hash`` (stateless
+        rendezvous with the in-flight bound; replicas agree in any order).
     """
 
     prefix_length: int = 8192
@@ -102,6 +104,7 @@ class PolicyParams:
     max_holders: int = 8
     balance_window: int = 1000
     load_weight: float = 1.0
+    placement: str = "learned"
 
     def __post_init__(self) -> None:
         check_prefix_length(self.prefix_length)
@@ -120,6 +123,8 @@ class PolicyParams:
         w = self.balance_window
         if isinstance(w, bool) or not isinstance(w, int) or not 10 <= w <= 1_000_000:
             raise ConfigError(f"balance_window {w!r} is outside 10-1000000 decisions")
+        if self.placement not in ("learned", "hash"):
+            raise ConfigError(f"placement {self.placement!r} is neither 'learned' nor 'hash'")
         lw = self.load_weight
         if isinstance(lw, bool) or not isinstance(lw, int | float) or not 0 <= lw <= 100:
             raise ConfigError(f"load_weight {lw!r} is outside 0-100; 1 is the default")

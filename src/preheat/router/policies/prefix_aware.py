@@ -30,8 +30,9 @@ Algorithm (one decision; no I/O, no clock; deterministic given the request strea
    match (a document, a long chat) therefore stays put until its holder is well above
    the mean, while a shallow one (a short system prompt every instance will soon hold)
    barely matters, and cold prefixes go to the least-loaded instance, then stay sticky
-   through the index. The outcome is ``affinity`` (``hint``) when a holder or, for a
-   cold key, the rendezvous first choice wins, else ``spill``.
+   through the index. Outcomes: ``affinity`` (``hint`` for a hinted key) when a holder
+   wins; ``spill`` when the prefix is known but a non-holder wins; ``fallback`` for a
+   cold prefix (placed by load) or when every instance is at its in-flight bound.
 5. **Spill along the prefix's own order.** If every holder is at a bound, the others
    are tried in rendezvous order of the *matched block's* hash, so a hot prefix's
    overflow always lands on the same next instance, which warms up and joins the
@@ -50,12 +51,20 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
   faster.
 * ``index_entries`` (200,000): learned block hashes kept in total (LRU): the memory
   bound, roughly 200 bytes each.
-* ``max_holders`` (8; 1-64): instances remembered per block (most recent).
+* ``max_holders`` (8; 1-64): instances remembered per block (the oldest is dropped).
+* ``placement`` (``learned``): ``hash`` skips steps 2-5 but the hard cap: the first
+  instance in rendezvous order of the key below ``concurrency_threshold`` wins
+  (SageMaker's rule). It keeps no state and reads no relative load, so replicas agree
+  whatever order they see requests in, at the cost of balance (a hot prefix stays on
+  one instance until the cap) and of prompts that outgrow ``prefix_length``.
 * ``LOAD_FLOOR`` = 10 requests, ``INFLIGHT_SLACK`` = 1 request: constants above.
 
 Every replica that sees the same requests in the same order with the same salt, instance
-list and in-flight counts makes the same choices without talking to the others. No
-prompt text is kept: the index holds 64-bit keyed hashes and instance ids only.
+list and in-flight counts makes the same choices without talking to the others. The
+learned placement is order-sensitive, though: replicas that see requests in a slightly
+different order (concurrent clients, a load balancer in front) drift apart; use
+``placement: hash`` where agreement matters more than balance. No prompt text is kept:
+the index holds 64-bit keyed hashes and instance ids only.
 """
 
 from __future__ import annotations
@@ -218,6 +227,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         recent = self._rl
         g = self._g
         loads = [i.in_flight for i in instances]
+        if p.placement == "hash":
+            return self._choose_hashed(pk, instances, loads, seeds)
         # 2. bounds: in-flight (bounded-load hashing + slack) and recent request counts.
         limit = min(
             ceil((1.0 + eps) * (sum(loads) + 1) / n) + INFLIGHT_SLACK, p.concurrency_threshold
@@ -290,7 +301,38 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             state=pk,
         )
 
+    def _choose_hashed(
+        self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
+    ) -> Choice[InstT]:
+        """``placement: hash``: rendezvous order of the key, skipping instances at
+        ``concurrency_threshold`` (SageMaker's spill rule); no learned state and no
+        relative load bound, so replicas agree whatever order they see requests in."""
+        n = len(instances)
+        limit = self.params.concurrency_threshold
+        scores = _scores(pk.key, seeds)
+        eligible = [sc if x < limit else -1 for sc, x in zip(scores, loads, strict=True)]
+        best = max(eligible)
+        if best >= 0:
+            pick = eligible.index(best)
+            rank = sum(1 for sc in scores if sc > best)
+            outcome = ("hint" if pk.hinted else "affinity") if rank == 0 else "spill"
+        else:
+            pick = max(range(n), key=lambda j: (-loads[j], scores[j]))
+            rank = sum(1 for sc in scores if sc > scores[pick])
+            outcome = "fallback"
+        return Choice(
+            instance=instances[pick],
+            outcome=outcome,
+            rank=rank,
+            prefix_blocks=len(pk.chain),
+            predicted_cached_tokens=0,
+            prompt_chars=pk.prompt_chars,
+            state=None,
+        )
+
     def on_sent(self, request: RouteRequest, choice: Choice[InstT]) -> None:
+        if self.params.placement == "hash":
+            return
         pk = choice.state
         if isinstance(pk, PrefixKey):
             self.index.record(pk.chain, choice.instance.id)
