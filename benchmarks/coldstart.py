@@ -27,7 +27,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from preheat.bench.models import rewrite_shard, shard_paths, write_http_manifest
+from preheat.bench.models import rewrite_shard, write_http_manifest
 from preheat.config import format_size, parse_size
 from preheat.runtime.local import LocalFleet
 from preheat.telemetry.events import read_start_records
