@@ -297,3 +297,42 @@ async def test_origin_lost_mid_warmup_node_failed_then_retried(tmp_path: Path) -
         moved.rename(model.dir)
         await fleet.wait_until(lambda f: f.ready_count() == 1, 60, "the replica")
         assert state(fleet)["state"] == "ready"
+
+
+async def test_autoscaler_follows_in_flight_load(tmp_path: Path, model) -> None:  # type: ignore[no-untyped-def]
+    """Sustained load above targetInFlight scales out onto warm nodes; when it stops the
+    endpoint steps back in to replicas.min."""
+    spec = endpoint_spec(
+        "chat",
+        model.ref,
+        replicas=1,
+        max_replicas=3,
+        cache={"enabled": True},
+        time_scale=1.0,
+        autoscaling={"targetInFlight": 2, "scaleInBelow": 0.5, "cooldownSeconds": 1},
+    )
+    cluster = cluster_spec(tmp_path, ["a", "b", "c"], slots=1)
+    async with LocalFleet(spec, cluster, tmp_path / "state") as fleet:
+        await fleet.wait_until(lambda f: f.ready_count() == 1, 60, "one replica")
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            run_load(
+                fleet.router.url,
+                requests=5000,
+                concurrency=8,
+                timeout=40,
+                max_tokens=64,
+                stop=stop,
+            )
+        )
+        try:
+            await fleet.wait_until(lambda f: f.ready_count() == 3, 40, "scale-out to 3")
+        finally:
+            stop.set()
+            result = await load
+        assert result.failed == 0, result.errors[:3]
+        assert any("autoscale main" in m for m in fleet.messages)
+        await fleet.wait_until(lambda f: f.replica_counts["main"] == 1, 30, "scale-in to 1")
+        recs = start_records(fleet.events.path)
+        assert [r.event_class.value for r in recs[1:3]] == ["scale_out", "scale_out"]
+        assert all(r.weights_source == "cache" for r in recs)

@@ -41,6 +41,7 @@ import aiohttp
 
 from preheat.clock import Clock, SystemClock
 from preheat.config import format_size
+from preheat.control.autoscale import AutoscaleState, autoscale
 from preheat.control.plan import plan
 from preheat.control.spec import (
     ClusterSpec,
@@ -93,6 +94,8 @@ MAX_RESTARTS = 3
 RESTART_WINDOW = 120.0
 WARM_BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0)
 DRAIN_TIMEOUT = 30.0
+AUTOSCALE_SAMPLE = 0.25  # seconds between samples of the router's in-flight counts
+AUTOSCALE_WINDOW = 2.0  # seconds of samples averaged into one load figure
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,8 @@ class LocalFleet:
         self._resolve_failures = 0
         self._lock = asyncio.Lock()
         self._bg: set[asyncio.Task[None]] = set()
+        self._load_samples: deque[tuple[float, dict[str, int]]] = deque()
+        self._autoscale_state: dict[str, AutoscaleState] = {}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -219,6 +224,7 @@ class LocalFleet:
             await asyncio.to_thread(node.cache.open)
         await self.router.start()
         self.say(f"router listening on {self.router.url} ({self.spec.routing.strategy})")
+        self._note_images(self.spec)
         self._loop_task = asyncio.create_task(self._loop(), name="preheat-reconcile")
 
     async def stop(self) -> None:
@@ -287,7 +293,17 @@ class LocalFleet:
             ]:
                 await self.router.apply_spec(spec)
         self.say(f"applied spec: {self._describe_revisions()}")
+        self._note_images(spec)
         self._wake.set()
+
+    def _note_images(self, spec: EndpointSpec) -> None:
+        images = sorted({v.image for v in spec.variants if v.image})
+        if images or spec.cache.image.enabled:
+            self.say(
+                f"image {', '.join(images) or '(none)'}: local mode runs replicas as processes, "
+                "so no image is pulled and modelCacheConfig.image does not apply here "
+                "(it does in Kubernetes mode)"
+            )
 
     async def scale(self, replicas: int, variant: str | None = None) -> None:
         """Set the replica count of a variant (the only one when not named)."""
@@ -526,10 +542,51 @@ class LocalFleet:
                 self.resolve_error = f"{exc}; retrying in {delay:.0f} s"
                 return
             await self._adopt_existing()
+        if self.spec.autoscaling is not None:
+            await self._autoscale()
         desired = self._desired()
         observed = self._observe()
         for action in plan(desired, observed):
             await self._execute(action)
+
+    async def _autoscale(self) -> None:
+        """Sample the router's in-flight counts; let ``control.autoscale`` set the counts."""
+        policy = self.spec.autoscaling
+        assert policy is not None
+        now = self.clock.now()
+        if self._load_samples and now - self._load_samples[-1][0] < AUTOSCALE_SAMPLE:
+            return
+        try:
+            config = await self.router.get_config()
+        except ControlError:
+            return
+        per_variant = {
+            v["name"]: sum(
+                int(i.get("in_flight", 0)) for i in v.get("instances", []) if isinstance(i, dict)
+            )
+            for v in config.get("variants", [])
+        }
+        self._load_samples.append((now, per_variant))
+        while self._load_samples and now - self._load_samples[0][0] > AUTOSCALE_WINDOW:
+            self._load_samples.popleft()
+        for v in self.spec.variants:
+            samples = [s.get(v.name, 0) for _, s in self._load_samples]
+            in_flight = sum(samples) / max(len(samples), 1)
+            current = self.replica_counts.get(v.name, v.replicas.min)
+            new, state, why = autoscale(
+                current=current,
+                lo=v.replicas.min,
+                hi=v.replicas.max,
+                in_flight=in_flight,
+                serving=self.ready_count(v.name),
+                policy=policy,
+                now=now,
+                state=self._autoscale_state.get(v.name, AutoscaleState()),
+            )
+            self._autoscale_state[v.name] = state
+            if new != current:
+                self.replica_counts[v.name] = new
+                self.say(f"autoscale {v.name}: {why}")
 
     async def _resolve_all(self, spec: EndpointSpec) -> dict[str, ResolvedVariant]:
         out: dict[str, ResolvedVariant] = {}

@@ -1,0 +1,75 @@
+"""Autoscaling on in-flight requests per replica (pure: the caller measures and keeps time).
+
+Rule (``autoscaling: {targetInFlight: T, scaleInBelow: B, cooldownSeconds: C}``):
+
+- ``load`` is the mean number of requests in flight across the variant over a short
+  window, as the router counts them (sent and not yet finished), divided by the
+  replicas that serve (ready and in the router).
+- Scale out when load > T: to ``ceil(in_flight / T)`` replicas at once (so a burst is
+  met in one step), capped at ``replicas.max``.
+- Scale in when load < B has held for C seconds: one replica at a time, never below
+  ``replicas.min``. One replica at a time because a scale-in that overshoots costs a cold
+  start later, while an extra replica only costs idle capacity.
+- After any change, wait C seconds before the next one (new replicas need time to take
+  load; without this the count oscillates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from preheat.control.spec import Autoscaling
+
+__all__ = ["AutoscaleState", "autoscale"]
+
+
+@dataclass(frozen=True)
+class AutoscaleState:
+    last_change: float = float("-inf")
+    #: Since when the load has been below ``scale_in_below`` (``None``: it is not).
+    low_since: float | None = None
+
+
+def autoscale(
+    *,
+    current: int,
+    lo: int,
+    hi: int,
+    in_flight: float,
+    serving: int,
+    policy: Autoscaling,
+    now: float,
+    state: AutoscaleState,
+) -> tuple[int, AutoscaleState, str]:
+    """The replica count to set now, the new state, and why (empty when unchanged)."""
+    load = in_flight / max(serving, 1)
+    low_since = state.low_since
+    if load < policy.scale_in_below:
+        low_since = now if low_since is None else low_since
+    else:
+        low_since = None
+    state = AutoscaleState(state.last_change, low_since)
+    if now - state.last_change < policy.cooldown_seconds:
+        return current, state, ""
+    if load > policy.target_in_flight and current < hi:
+        want = min(hi, max(current + 1, math.ceil(in_flight / policy.target_in_flight)))
+        return (
+            want,
+            AutoscaleState(now, None),
+            f"{load:.1f} in flight per replica > {policy.target_in_flight:g}: "
+            f"{current} -> {want} replicas",
+        )
+    if (
+        low_since is not None
+        and now - low_since >= policy.cooldown_seconds
+        and current > lo
+        and serving >= current
+    ):
+        return (
+            current - 1,
+            AutoscaleState(now, None),
+            f"{load:.1f} in flight per replica < {policy.scale_in_below:g} for "
+            f"{policy.cooldown_seconds:g} s: {current} -> {current - 1} replicas",
+        )
+    return current, state, ""

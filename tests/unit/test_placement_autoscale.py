@@ -1,0 +1,56 @@
+"""Autoscaling on in-flight requests per replica: burst out, step in, cooldown, bounds."""
+
+from __future__ import annotations
+
+from preheat.control.autoscale import AutoscaleState, autoscale
+from preheat.control.spec import Autoscaling
+
+POLICY = Autoscaling(target_in_flight=4, scale_in_below=1, cooldown_seconds=10)
+
+
+def step(current: int, in_flight: float, serving: int, now: float, st: AutoscaleState):  # type: ignore[no-untyped-def]
+    return autoscale(
+        current=current, lo=1, hi=5, in_flight=in_flight, serving=serving,
+        policy=POLICY, now=now, state=st,
+    )  # fmt: skip
+
+
+def test_burst_scales_out_in_one_step_capped() -> None:
+    """18 in flight on 1 replica with target 4 asks for 5 replicas (ceil 18/4), max 5."""
+    n, st, why = step(1, 18, 1, 0, AutoscaleState())
+    assert n == 5 and "18.0 in flight per replica > 4" in why
+    n, st, why = step(5, 100, 5, 100, st)
+    assert n == 5 and why == ""  # already at max
+
+
+def test_cooldown_blocks_the_next_change() -> None:
+    """After a change nothing moves for cooldown seconds."""
+    n, st, _ = step(1, 10, 1, 0, AutoscaleState())
+    assert n == 3
+    n2, st, why = step(n, 30, 3, 5, st)
+    assert (n2, why) == (3, "")
+    n3, _, _ = step(n2, 30, 3, 10, st)
+    assert n3 == 5  # ceil(30/4) = 8, capped at max 5
+
+
+def test_scale_in_one_at_a_time_after_sustained_low_load() -> None:
+    """Low load must hold for the cooldown; then one replica goes, never below min."""
+    st = AutoscaleState()
+    n, st, why = step(3, 0, 3, 100, st)
+    assert n == 3 and why == ""  # low since 100
+    n, st, why = step(3, 0, 3, 105, st)
+    assert n == 3
+    n, st, why = step(3, 0, 3, 110, st)
+    assert n == 2 and "< 1 for 10 s" in why
+    n, st, _ = step(2, 2, 2, 125, st)  # load back to 1 per replica: not low
+    assert n == 2 and st.low_since is None
+    n, st, _ = step(1, 0, 1, 500, AutoscaleState())
+    n, st, _ = step(1, 0, 1, 600, st)
+    assert n == 1  # min
+
+
+def test_no_scale_in_while_replicas_are_still_starting() -> None:
+    """Fewer serving than desired (starts in progress) never triggers a scale-in."""
+    st = AutoscaleState(low_since=0)
+    n, _, _ = step(3, 0, 2, 50, st)
+    assert n == 3
