@@ -44,11 +44,8 @@ def autoscale(
 ) -> tuple[int, AutoscaleState, str]:
     """The replica count to set now, the new state, and why (empty when unchanged)."""
     load = in_flight / max(serving, 1)
-    low_since = state.low_since
-    if load < policy.scale_in_below:
-        low_since = now if low_since is None else low_since
-    else:
-        low_since = None
+    low = load < policy.scale_in_below
+    low_since = (state.low_since if state.low_since is not None else now) if low else None
     state = AutoscaleState(state.last_change, low_since)
     if now - state.last_change < policy.cooldown_seconds:
         return current, state, ""
