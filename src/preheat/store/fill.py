@@ -227,6 +227,7 @@ class FillContext:
     backoff: float = 0.2
     on_bytes: Callable[[int], None] | None = None
     direct: bool = True  # use a source's zero-copy fetch_to_fd when it offers one
+    dirty_dirs: set[Path] = field(default_factory=set)  # to fsync before the snapshot commit
 
 
 async def fetch_blob(
@@ -290,27 +291,37 @@ async def fetch_blob(
     finally:
         if fd >= 0:
             os.close(fd)
-    publish_file(ctx.layout, part, actual, fsync=ctx.fsync)
+    publish_file(ctx.layout, part, actual, ctx.dirty_dirs if ctx.fsync else None)
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
     return actual
 
 
-def publish_file(layout: Layout, src: Path, digest: str, *, fsync: bool) -> Path:
-    """Atomically move a verified file into ``blobs/`` (keeping an existing blob)."""
+def publish_file(layout: Layout, src: Path, digest: str, dirty: set[Path] | None = None) -> Path:
+    """Atomically move a verified file into ``blobs/`` (keeping an existing blob).
+
+    The directory that changed is added to ``dirty``; the caller fsyncs those once,
+    before it commits the snapshot (a directory fsync forces a journal commit, far too
+    slow to do per blob on the event loop)."""
     dest = layout.blob(digest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
         src.unlink()
         return dest
     os.replace(src, dest)
-    if fsync:
-        dfd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    if dirty is not None:
+        dirty.add(dest.parent)
     return dest
+
+
+def fsync_dirs(dirs: set[Path]) -> None:
+    """fsync each directory (makes renames into them durable)."""
+    for d in sorted(dirs):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _can_direct(source: Source, location: Location) -> bool:

@@ -44,6 +44,7 @@ from preheat.store.fill import (
     FillStats,
     RateLimiter,
     fetch_blob,
+    fsync_dirs,
     lock_file,
     unlock_file,
 )
@@ -329,6 +330,10 @@ class NodeStore:
                 # biggest first keeps every connection busy to the end
                 for w in sorted(wants.values(), key=lambda w: -w.size):
                     tg.create_task(one(w))
+            if ctx.dirty_dirs:
+                await asyncio.get_running_loop().run_in_executor(
+                    executor, fsync_dirs, ctx.dirty_dirs
+                )
         except BaseExceptionGroup as eg:
             first: BaseException = eg
             while isinstance(first, BaseExceptionGroup):
@@ -401,6 +406,8 @@ class NodeStore:
             except OSError:
                 if not final.is_dir():
                     raise
+            if self.fsync:
+                fsync_dirs({self.layout.snapshots, final})
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
