@@ -86,7 +86,10 @@ async def run(args: argparse.Namespace, root: Path, base: str | None) -> dict[st
         await fleet.apply(spec(src2, True))  # type: ignore[arg-type]
         rev2 = fleet.status()["variants"][0]["revision"]
         await fleet.wait_until(
-            lambda f: f.statuses["main"].stable == rev2 and f.ready_count(revision=rev2) == rounds,
+            lambda f: (
+                f.status()["variants"][0]["stable"] == rev2
+                and f.ready_count(revision=rev2) == rounds
+            ),
             600,
             "rollout",
         )

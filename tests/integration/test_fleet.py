@@ -336,3 +336,68 @@ async def test_autoscaler_follows_in_flight_load(tmp_path: Path, model) -> None:
         recs = start_records(fleet.events.path)
         assert [r.event_class.value for r in recs[1:3]] == ["scale_out", "scale_out"]
         assert all(r.weights_source == "cache" for r in recs)
+
+
+async def test_engine_change_rolls_replicas_without_moving_weights(tmp_path: Path, model) -> None:  # type: ignore[no-untyped-def]
+    """A new engine setting on the same model rolls every replica under load with no
+    failed request, and no byte comes from the origin."""
+    spec = endpoint_spec("chat", model.ref, replicas=2, cache={"enabled": True})
+    async with LocalFleet(spec, cluster_spec(tmp_path, ["a", "b"]), tmp_path / "state") as fleet:
+        await fleet.wait_until(lambda f: f.ready_count() == 2, 60, "two replicas")
+        first = {r["id"] for r in fleet.status()["replicas"]}
+        spec_version = fleet.status()["variants"][0]["stable_version"]
+        fetched = sum(fleet.origin_bytes.values())
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            run_load(fleet.router.url, requests=2000, concurrency=3, timeout=60, stop=stop)
+        )
+        await fleet.apply(
+            endpoint_spec("chat", model.ref, replicas=2, cache={"enabled": True}, time_scale=0.02)
+        )
+        await fleet.wait_until(
+            lambda f: (
+                f.ready_count() == 2
+                and not first & {r["id"] for r in f.status()["replicas"]}
+                and f.status()["variants"][0]["stable_version"] != spec_version
+            ),
+            60,
+            "replicas replaced",
+        )
+        stop.set()
+        result = await load
+        assert result.failed == 0, result.errors[:3]
+        assert sum(fleet.origin_bytes.values()) == fetched
+        classes = [r.event_class.value for r in start_records(fleet.events.path)[2:]]
+        assert classes == ["new_version", "new_version"]
+
+
+async def test_failed_rollout_rolls_back_and_keeps_serving(tmp_path: Path, model) -> None:  # type: ignore[no-untyped-def]
+    """A new version whose replica cannot start is rolled back: the old replicas were never
+    drained, the endpoint keeps serving, status shows the failed version."""
+    spec = endpoint_spec("chat", model.ref, replicas=2, cache={"enabled": True})
+    async with LocalFleet(spec, cluster_spec(tmp_path, ["a", "b"]), tmp_path / "state") as fleet:
+        await fleet.wait_until(lambda f: f.ready_count() == 2, 60, "two replicas")
+        # Applied before the first rollout is even recorded as finished: the replicas that
+        # serve are what it goes back to.
+        stable = fleet.status()["replicas"][0]["revision"]
+        first = sorted(r["id"] for r in fleet.status()["replicas"])
+        broken = endpoint_spec(
+            "chat",
+            model.ref,
+            replicas=2,
+            cache={"enabled": True},
+            engine={"command": "sh -c 'echo cannot start; exit 3' {port}"},
+        )
+        await fleet.apply(broken)
+        await fleet.wait_until(
+            lambda f: f.status()["variants"][0]["failed"], 60, "the rollout to fail"
+        )
+        await fleet.wait_until(
+            lambda f: sorted(r["id"] for r in f.status()["replicas"]) == first, 30, "clean-up"
+        )
+        assert fleet.status()["variants"][0]["stable"] == stable
+        assert any("rolling back" in m for m in fleet.messages)
+        result = await run_load(fleet.router.url, requests=10, concurrency=2)
+        assert result.failed == 0
+        failed = [r for r in start_records(fleet.events.path) if r.failure]
+        assert failed and "exited with code 3" in (failed[0].failure or "")

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from preheat.control.plan import plan
-from preheat.control.rollout import effective_revision
+from preheat.control.rollout import effective_version
 from preheat.control.state import (
     AddRoute,
     CacheView,
@@ -99,7 +99,13 @@ class World:
                 self.seq += 1
                 rid = f"r{self.seq}"
                 self.replicas[rid] = ReplicaView(
-                    rid, a.variant, a.revision, a.node, "starting", seq=self.seq
+                    rid,
+                    a.variant,
+                    a.revision,
+                    a.node,
+                    "starting",
+                    seq=self.seq,
+                    template=a.template,
                 )
             elif isinstance(a, AddRoute):
                 self.replicas[a.replica] = dataclasses.replace(
@@ -194,7 +200,7 @@ def test_failed_rollout_rolls_back_and_keeps_serving() -> None:
         w.tick(d2)
         assert len(w.serving()) >= 2
     assert R2 in w.status.failed and w.status.stable == R1
-    assert effective_revision(R2, w.status) == R1
+    assert effective_version(R2, w.status) == R1
     assert any(isinstance(a, Rollback) for a in w.log)
     assert sorted(r.revision for r in w.serving()) == [R1, R1]
     live_r2 = [r for r in w.replicas.values() if r.revision == R2 and r.phase != "stopped"]
@@ -244,3 +250,37 @@ def test_single_replica_without_room_waits_and_says_why() -> None:
         acts = w.tick(desired(R2, 1))
     assert [r.revision for r in w.serving()] == [R1]
     assert any(isinstance(a, Unschedulable) for a in acts)
+
+
+def test_engine_or_image_change_rolls_without_moving_weights() -> None:
+    """A new template (engine command, image) on the same revision rolls every replica
+    but warms nothing and deletes nothing."""
+    w = World(nodes={"a": {}, "b": {}})
+    settle(w, desired(R1))
+    w.log.clear()
+    d2 = dataclasses.replace(
+        desired(R1), variants=(DesiredVariant("main", R1, 1000, 2, template="img2"),)
+    )
+    for _ in range(30):
+        w.tick(d2)
+        assert len(w.serving()) >= 2
+    assert w.status.stable == f"{R1}#img2"
+    assert all(r.template == "img2" for r in w.serving())
+    assert not any(isinstance(a, Warm | DeleteRevision) for a in w.log)
+    assert any(isinstance(a, Drain) for a in w.log)
+
+
+def test_rollback_before_first_rollout_was_recorded() -> None:
+    """With no stable version recorded yet, the version the other ready replicas agree on
+    is the one to go back to."""
+    from preheat.control.rollout import rollback_needed
+
+    reps = [
+        ReplicaView("r1", "main", R1, "a", "ready", routed=True, seq=1),
+        ReplicaView("r2", "main", R2, "b", "failed", seq=2),
+    ]
+    rb = rollback_needed(desired(R2).variants[0], VariantStatus(), reps)
+    assert rb is not None and rb.to == R1 and rb.revision == R2
+    # Two different old versions: nothing to agree on, no rollback.
+    reps.append(ReplicaView("r3", "main", "sha256-3333", "c", "ready", routed=True, seq=3))
+    assert rollback_needed(desired(R2).variants[0], VariantStatus(), reps) is None

@@ -40,6 +40,7 @@ from rich.table import Table
 from preheat.bench.models import generate_model, rewrite_shard, write_http_manifest
 from preheat.config import format_size, parse_size
 from preheat.control.spec import EndpointSpec, parse_cluster, parse_endpoint
+from preheat.control.state import VariantStatus
 from preheat.errors import PreheatError
 from preheat.runtime.local import LocalFleet
 from preheat.runtime.procs import free_port
@@ -295,7 +296,7 @@ async def run_demo(
         await wait_view(
             fleet,
             "warm-up of the target nodes",
-            lambda f: rev1 in f.statuses.get("main", _NO_STATUS).gate_open,
+            lambda f: rev1 in f.statuses.get("main", VariantStatus()).gate_open,
             600,
         )
         n_before = len(read_start_records(fleet.events.path))
@@ -317,7 +318,7 @@ async def run_demo(
             fleet,
             "rollout",
             lambda f: (
-                f.statuses.get("main", _NO_STATUS).stable == rev2
+                f.status()["variants"][0]["stable"] == rev2
                 and f.ready_count(revision=rev2) == 3
                 and not any(rev1 in n["cache"] for n in f.status()["nodes"])
             ),
@@ -408,14 +409,6 @@ async def run_demo(
         shutil.rmtree(work, ignore_errors=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-class _NoStatus:
-    gate_open: frozenset[str] = frozenset()
-    stable: str | None = None
-
-
-_NO_STATUS: Any = _NoStatus()
 
 
 # --- the command ---------------------------------------------------------------------------

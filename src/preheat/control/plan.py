@@ -23,7 +23,7 @@ runs them in it):
 
 from __future__ import annotations
 
-from preheat.control.rollout import effective_revision, rollback_needed, step_variant
+from preheat.control.rollout import effective_version, rollback_needed, step_variant
 from preheat.control.state import (
     Action,
     DeleteRevision,
@@ -35,6 +35,7 @@ from preheat.control.state import (
     VariantStatus,
     WaitGate,
     Warm,
+    revision_of,
 )
 
 __all__ = ["gate", "plan"]
@@ -84,13 +85,13 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
         if rb is not None:
             out.append(rb)
             st = VariantStatus(
-                stable=st.stable,
-                failed=st.failed | {dv.revision},
+                stable=st.stable or rb.to,
+                failed=st.failed | {dv.version},
                 gate_open=st.gate_open,
                 gate_since=st.gate_since,
             )
         statuses[dv.name] = st
-        effective[dv.name] = effective_revision(dv.revision, st)
+        effective[dv.name] = revision_of(effective_version(dv.version, st))
 
     # 3. Warm every target node for every wanted revision.
     if desired.weights.enabled:
@@ -140,7 +141,7 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
     in_use |= {(r.node, r.revision) for r in lost}
     # The stable revision stays until its rollout successor finishes (rollback needs it).
     wanted_revs = set(effective.values()) | {
-        st.stable for st in statuses.values() if st.stable is not None
+        revision_of(st.stable) for st in statuses.values() if st.stable is not None
     }
     for node in observed.nodes:
         if not node.up:

@@ -1,7 +1,9 @@
 """Replica steps for one variant: scale in steady state, roll to a new revision, roll back.
 
-A variant has a *target* revision (what the spec asks for, resolved) and a *stable* one
-(the last that finished rolling out). The revision the replicas converge on is::
+A variant has a *target* version (the spec's model revision, resolved, plus a fingerprint
+of its engine and image: ``state.version_of``) and a *stable* one (the last that finished
+rolling out). A new revision, a new image or a new engine command each roll the replicas;
+only a new revision moves weights. The version the replicas converge on is::
 
     effective = stable   if target failed its rollout and a stable one exists
               = target   otherwise
@@ -49,13 +51,14 @@ from preheat.control.state import (
     StopReplica,
     Unschedulable,
     VariantStatus,
+    revision_of,
 )
 
-__all__ = ["effective_revision", "rollback_needed", "step_variant"]
+__all__ = ["effective_version", "rollback_needed", "step_variant"]
 
 
-def effective_revision(target: str, status: VariantStatus) -> str:
-    """The revision replicas converge on (see the module docstring)."""
+def effective_version(target: str, status: VariantStatus) -> str:
+    """The version replicas converge on (see the module docstring)."""
     if target in status.failed and status.stable is not None:
         return status.stable
     return target
@@ -64,16 +67,27 @@ def effective_revision(target: str, status: VariantStatus) -> str:
 def rollback_needed(
     dv: DesiredVariant, status: VariantStatus, replicas: Sequence[ReplicaView]
 ) -> Rollback | None:
-    """A rollout of ``dv.revision`` must be abandoned: one of its replicas failed for good."""
-    if status.stable is None or status.stable == dv.revision or dv.revision in status.failed:
+    """A rollout of ``dv.version`` must be abandoned: one of its replicas failed for good.
+
+    The version to go back to is the stable one; before the first rollout was recorded
+    as finished, it is the one version all other ready replicas run (if they agree)."""
+    stable = status.stable
+    if stable is None:
+        others = {
+            r.version
+            for r in replicas
+            if r.variant == dv.name and r.version != dv.version and r.phase == "ready"
+        }
+        stable = others.pop() if len(others) == 1 else None
+    if stable is None or stable == dv.version or dv.version in status.failed:
         return None
     for r in replicas:
-        if r.variant == dv.name and r.revision == dv.revision and r.phase == "failed":
+        if r.variant == dv.name and r.version == dv.version and r.phase == "failed":
             return Rollback(
                 variant=dv.name,
-                revision=dv.revision,
-                to=status.stable,
-                reason=f"replica {r.id} on {r.node} failed while rolling out {dv.revision[:12]}",
+                revision=dv.version,
+                to=stable,
+                reason=f"replica {r.id} on {r.node} failed while rolling out {dv.version[:20]}",
             )
     return None
 
@@ -94,11 +108,13 @@ def step_variant(
     ``may_start`` is False while the cache gate holds back new replicas; ``planned``
     is updated with the placements made here.
     """
-    target = effective_revision(dv.revision, status)
+    target = effective_version(dv.version, status)
+    target_rev = revision_of(target)
+    template = target[len(target_rev) + 1 :]
     mine = [r for r in replicas if r.variant == dv.name]
     live = [r for r in mine if r.phase in ("starting", "ready")]
-    new = [r for r in live if r.revision == target]
-    old = [r for r in live if r.revision != target]
+    new = [r for r in live if r.version == target]
+    old = [r for r in live if r.version != target]
     out: list[Action] = []
 
     # Failed replicas (restart budget spent): clean up; steady state replaces them below.
@@ -117,21 +133,25 @@ def step_variant(
         if n <= 0 or not may_start:
             return 0
         placements, why = place(
-            nodes, replicas, variant=dv.name, revision=target, count=n, planned=planned
+            nodes, replicas, variant=dv.name, revision=target_rev, count=n, planned=planned
         )
         for p in placements:
-            out.append(StartReplica(dv.name, target, p.node, warm=p.warm, reason=reason))
+            out.append(
+                StartReplica(
+                    dv.name, target_rev, p.node, warm=p.warm, reason=reason, template=template
+                )
+            )
             if planned is not None:
                 planned[p.node] = planned.get(p.node, 0) + 1
         if why:
-            out.append(Unschedulable(dv.name, target, n - len(placements), why))
+            out.append(Unschedulable(dv.name, target_rev, n - len(placements), why))
         return n - len(placements)
 
     if not old:
         missing = dv.replicas - len(new)
         if missing > 0:
-            failed_before = sum(1 for r in mine if r.phase == "failed" and r.revision == target)
-            if status.stable is None and not any(r.revision == target for r in mine):
+            failed_before = sum(1 for r in mine if r.phase == "failed" and r.version == target)
+            if status.stable is None and not any(r.version == target for r in mine):
                 start(missing, "initial")
             elif failed_before:
                 start(missing, "replace")
@@ -156,7 +176,7 @@ def step_variant(
     excess = len(available_new) + len(old_ready) - dv.replicas
     if excess > 0:
         for r in sorted(old_ready, key=lambda r: r.seq)[:excess]:
-            out.append(Drain(r.id, reason=f"replaced by {target[:12]}"))
+            out.append(Drain(r.id, reason=f"replaced by {target[:20]}"))
     elif (
         unplaced
         and unplaced == wanted  # nothing could start this tick
@@ -167,9 +187,9 @@ def step_variant(
         # No free slot for the surge replica: make room by draining one old replica
         # (at most one unavailable at a time, never the last one serving), preferring
         # one on a node that already holds the new revision so its successor starts warm.
-        warm_nodes = {n.name for n in nodes if n.holds(target)}
+        warm_nodes = {n.name for n in nodes if n.holds(target_rev)}
         victim = min(old_ready, key=lambda r: (r.node not in warm_nodes, r.seq))
-        out.append(Drain(victim.id, reason=f"making room for {target[:12]} (no free slot)"))
+        out.append(Drain(victim.id, reason=f"making room for {target[:20]} (no free slot)"))
     return out
 
 

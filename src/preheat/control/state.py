@@ -34,11 +34,29 @@ __all__ = [
     "WaitGate",
     "Warm",
     "WeightsPolicy",
+    "revision_of",
+    "version_of",
 ]
 
 CacheState = Literal["absent", "warming", "ready", "failed", "unfit"]
 ReplicaPhase = Literal["starting", "ready", "draining", "stopped", "failed"]
 StartReason = Literal["initial", "scale_out", "replace", "rollout"]
+
+
+# --- versions -----------------------------------------------------------------------------
+
+#: A *version* is what a rollout rolls: the model revision plus a fingerprint of how the
+#: replica runs it (engine command or profile, image). Caches are keyed by the revision
+#: alone, so a new image or engine flag rolls replicas without moving any weights.
+_SEP = "#"
+
+
+def version_of(revision: str, template: str = "") -> str:
+    return f"{revision}{_SEP}{template}" if template else revision
+
+
+def revision_of(version: str) -> str:
+    return version.split(_SEP, 1)[0]
 
 
 # --- desired ------------------------------------------------------------------------------
@@ -53,6 +71,12 @@ class DesiredVariant:
     model_bytes: int
     replicas: int
     weight: float = 1.0
+    #: Fingerprint of engine and image; part of the version, not of the cache key.
+    template: str = ""
+
+    @property
+    def version(self) -> str:
+        return version_of(self.revision, self.template)
 
 
 @dataclass(frozen=True)
@@ -119,15 +143,20 @@ class ReplicaView:
     routed: bool = False
     #: Monotonic order of creation (newer replicas are drained first on scale-in).
     seq: int = 0
+    template: str = ""
+
+    @property
+    def version(self) -> str:
+        return version_of(self.revision, self.template)
 
 
 @dataclass(frozen=True)
 class VariantStatus:
     """The executor's memory of a variant between ticks."""
 
-    #: The revision that last finished rolling out (serves while a new one rolls).
+    #: The version that last finished rolling out (serves while a new one rolls).
     stable: str | None = None
-    #: Revisions whose rollout failed; never tried again until the spec changes.
+    #: Versions whose rollout failed; never tried again until the spec changes.
     failed: frozenset[str] = frozenset()
     #: Revisions whose cache gate opened (latched: later node loss does not re-gate).
     gate_open: frozenset[str] = frozenset()
@@ -203,6 +232,7 @@ class StartReplica:
     #: The node already holds the revision (a cache hit is expected).
     warm: bool
     reason: StartReason
+    template: str = ""
 
 
 @dataclass(frozen=True)
@@ -238,7 +268,7 @@ class StopReplica:
 
 @dataclass(frozen=True)
 class FinishRollout:
-    """Every live replica of the variant runs ``revision``: it becomes the stable one."""
+    """Every live replica of the variant runs version ``revision``: it becomes stable."""
 
     variant: str
     revision: str
@@ -247,7 +277,7 @@ class FinishRollout:
 
 @dataclass(frozen=True)
 class Rollback:
-    """A replica of ``revision`` failed during a rollout: go back to ``to``."""
+    """A replica of version ``revision`` failed during a rollout: go back to ``to``."""
 
     variant: str
     revision: str

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import shlex
 import time
@@ -49,6 +50,7 @@ from preheat.control.spec import (
     EndpointSpec,
     NodeSpec,
     SimulatedEngine,
+    VariantSpec,
     check_against_cluster,
 )
 from preheat.control.state import (
@@ -73,6 +75,7 @@ from preheat.control.state import (
     WaitGate,
     Warm,
     WeightsPolicy,
+    revision_of,
 )
 from preheat.errors import (
     ConfigError,
@@ -132,6 +135,7 @@ class _Replica:
     node: str
     seq: int
     reason: StartReason
+    template: str = ""
     phase: str = "starting"
     routed: bool = False
     port: int = 0
@@ -183,6 +187,11 @@ class LocalFleet:
         }
         self.replicas: dict[str, _Replica] = {}
         self.resolved: dict[str, ResolvedVariant] = {}
+        #: Every revision resolved so far (old ones serve until rolled out, or come back
+        #: on a rollback).
+        self.known: dict[str, ResolvedVariant] = {}
+        #: template fingerprint -> (engine, image) a replica of that template runs.
+        self.templates: dict[str, tuple[Any, str | None]] = {}
         self.replica_counts: dict[str, int] = {v.name: v.replicas.min for v in spec.variants}
         self.statuses: dict[str, VariantStatus] = {}
         self.messages: deque[str] = deque(maxlen=30)
@@ -206,6 +215,8 @@ class LocalFleet:
         self._lock = asyncio.Lock()
         self._bg: set[asyncio.Task[None]] = set()
         self._load_samples: deque[tuple[float, dict[str, int]]] = deque()
+        self._start_failures: Counter[str] = Counter()
+        self._next_start_at: dict[str, float] = {}
         self._autoscale_state: dict[str, AutoscaleState] = {}
 
     # --- lifecycle ------------------------------------------------------------------
@@ -433,7 +444,8 @@ class LocalFleet:
                     "source": v.model.source,
                     "revision": rv.revision if rv else None,
                     "model_bytes": rv.model_bytes if rv else None,
-                    "stable": st.stable,
+                    "stable": revision_of(st.stable) if st.stable else None,
+                    "stable_version": st.stable,
                     "failed": sorted(st.failed),
                     "replicas": self.replica_counts.get(v.name, 0),
                     "ready": sum(
@@ -605,6 +617,8 @@ class LocalFleet:
                 )
             rv = cache[v.model.source]
             out[v.name] = dataclasses.replace(rv, variant=v.name)
+        for rv in out.values():
+            self.known[rv.revision] = rv
         return out
 
     async def _adopt_existing(self) -> None:
@@ -627,6 +641,7 @@ class LocalFleet:
                     self.resolved[v.name].model_bytes,
                     self.replica_counts.get(v.name, v.replicas.min),
                     v.weight,
+                    template=self._template(v),
                 )
                 for v in self.spec.variants
             ),
@@ -663,6 +678,7 @@ class LocalFleet:
                 r.phase,  # type: ignore[arg-type]
                 routed=r.routed,
                 seq=r.seq,
+                template=r.template,
             )
             for r in self.replicas.values()
             if r.phase != "stopped"
@@ -713,6 +729,14 @@ class LocalFleet:
         elif isinstance(a, Unschedulable):
             self.waiting[a.variant] = f"{a.missing} replica(s) cannot be placed: {a.reason}"
         elif isinstance(a, StartReplica):
+            wait = self._next_start_at.get(a.variant, 0.0) - self.clock.now()
+            if wait > 0:
+                # CrashLoopBackOff, as it were: failed starts back off exponentially.
+                self.waiting[a.variant] = (
+                    f"{self._start_failures[a.variant]} replica start(s) failed in a row; "
+                    f"next try in {wait:.0f} s (see {self.state_dir / 'logs'})"
+                )
+                return
             self.waiting.pop(a.variant, None)
             self._start_replica(a)
         elif isinstance(a, AddRoute):
@@ -743,10 +767,12 @@ class LocalFleet:
             if a.previous is None:
                 self.say(f"{a.variant}: deployed {a.revision[:12]}")
             else:
-                self.say(f"{a.variant}: rolled out {a.revision[:12]} (was {a.previous[:12]})")
+                self.say(f"{a.variant}: rolled out {a.revision[:20]} (was {a.previous[:20]})")
         elif isinstance(a, Rollback):
             st = self.statuses.get(a.variant, VariantStatus())
-            self.statuses[a.variant] = dataclasses.replace(st, failed=st.failed | {a.revision})
+            self.statuses[a.variant] = dataclasses.replace(
+                st, failed=st.failed | {a.revision}, stable=st.stable or a.to
+            )
             self.say(f"{a.variant}: rolling back to {a.to[:12]}: {a.reason}")
         elif isinstance(a, DeleteRevision):
             node = self.nodes[a.node]
@@ -761,10 +787,17 @@ class LocalFleet:
     # --- warming --------------------------------------------------------------------
 
     def _rv(self, revision: str) -> ResolvedVariant:
-        for rv in self.resolved.values():
-            if rv.revision == revision:
-                return rv
-        raise ControlError(f"revision {revision} is not one this endpoint resolved")
+        rv = self.known.get(revision)
+        if rv is None:
+            raise ControlError(f"revision {revision} is not one this endpoint resolved")
+        return rv
+
+    def _template(self, v: VariantSpec) -> str:
+        """Fingerprint of how a replica runs (engine and image): part of the version."""
+        text = json.dumps([type(v.engine).__name__, dataclasses.asdict(v.engine), v.image])
+        tpl = hashlib.sha256(text.encode()).hexdigest()[:10]
+        self.templates.setdefault(tpl, (v.engine, v.image))
+        return tpl
 
     def _start_warm(self, node_name: str, revision: str) -> None:
         node = self.nodes[node_name]
@@ -834,17 +867,19 @@ class LocalFleet:
             reason = StartReason.NODE_LOSS
         elif a.reason == "scale_out":
             reason = StartReason.SCALE_OUT
-        r = _Replica(rid, a.variant, a.revision, a.node, self._seq, reason)
+        r = _Replica(rid, a.variant, a.revision, a.node, self._seq, reason, template=a.template)
         self._deployed = True
         self.replicas[rid] = r
         self.starts_total += 1
         r.task = asyncio.create_task(self._run_replica(r), name=f"replica-{rid}")
 
     def _engine_argv(self, r: _Replica) -> list[str]:
-        v = self.spec.variant(r.variant)
+        engine = self.templates[r.template][0] if r.template in self.templates else None
+        if engine is None:
+            engine = self.spec.variant(r.variant).engine
         assert r.snapshot is not None
-        if isinstance(v.engine, CommandEngine):
-            text = v.engine.command.format(
+        if isinstance(engine, CommandEngine):
+            text = engine.command.format(
                 snapshot=shlex.quote(str(r.snapshot)),
                 port=r.port,
                 host="127.0.0.1",
@@ -852,7 +887,7 @@ class LocalFleet:
                 replica=r.id,
             )
             return shlex.split(text)
-        assert isinstance(v.engine, SimulatedEngine)
+        assert isinstance(engine, SimulatedEngine)
         argv = preheat_command(
             "engine",
             "serve",
@@ -861,16 +896,16 @@ class LocalFleet:
             "--port",
             str(r.port),
             "--profile",
-            v.engine.profile,
+            engine.profile,
             "--snapshot",
             str(r.snapshot),
             "--time-scale",
-            str(v.engine.time_scale),
+            str(engine.time_scale),
             "--model-name",
             self.spec.name,
         )
-        if v.engine.kv_blocks is not None:
-            argv += ["--kv-blocks", str(v.engine.kv_blocks)]
+        if engine.kv_blocks is not None:
+            argv += ["--kv-blocks", str(engine.kv_blocks)]
         return argv
 
     async def _run_replica(self, r: _Replica) -> None:
@@ -890,7 +925,11 @@ class LocalFleet:
                 if r.phase == "stopped":
                     return
                 r.phase = "failed"
+                self._start_failures[r.variant] += 1
+                n = self._start_failures[r.variant]
+                self._next_start_at[r.variant] = self.clock.now() + min(0.5 * 2 ** (n - 1), 30.0)
                 return
+            self._start_failures[r.variant] = 0
             same_node_before = True
             assert r.child is not None
             code = await r.child.proc.wait()
@@ -907,6 +946,7 @@ class LocalFleet:
             self.say(f"{r.id} on {r.node} exited with code {code}; restart {r.restarts}: {tail}")
             await self._unroute(r)
             if len(r.restart_times) > MAX_RESTARTS:
+                self._start_failures[r.variant] += 1
                 r.phase = "failed"
                 r.detail = f"crashed {len(r.restart_times)} times in {RESTART_WINDOW:.0f} s"
                 self._wake.set()
