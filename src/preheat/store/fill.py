@@ -31,12 +31,13 @@ import ctypes
 import ctypes.util
 import fcntl
 import hashlib
+import heapq
 import json
 import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,52 @@ class _Progress:
             mm.close()
 
 
+class Slots:
+    """A counting semaphore whose waiters are served lowest ``priority`` first.
+
+    Ranges ask with priority (range index, file sequence): the first ranges of every file
+    in flight go before the later ranges of any, so several files fill side by side and
+    their hash threads work in parallel instead of one after another."""
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: list[tuple[tuple[int, int], int, asyncio.Future[None]]] = []
+        self._seq = 0
+
+    async def acquire(self, priority: tuple[int, int]) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        heapq.heappush(self._waiters, (priority, self._seq, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release()  # we were handed a slot as we got cancelled
+            else:
+                self._waiters = [w for w in self._waiters if w[2] is not fut]
+                heapq.heapify(self._waiters)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self._free += 1
+
+    @contextlib.asynccontextmanager
+    async def slot(self, priority: tuple[int, int]) -> AsyncIterator[None]:
+        await self.acquire(priority)
+        try:
+            yield
+        finally:
+            self.release()
+
+
 async def lock_file(path: Path, poll: float = 0.05) -> int:
     """Take an exclusive ``flock`` on ``path`` (created if missing) without blocking the loop."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -217,7 +264,7 @@ class FillContext:
 
     source: Source
     layout: Layout
-    connections: asyncio.Semaphore
+    connections: Slots
     executor: Executor
     stats: FillStats
     limiter: RateLimiter | None = None
@@ -231,7 +278,13 @@ class FillContext:
 
 
 async def fetch_blob(
-    ctx: FillContext, path: str, location: Location, size: int, expected: str | None, key: str
+    ctx: FillContext,
+    path: str,
+    location: Location,
+    size: int,
+    expected: str | None,
+    key: str,
+    seq: int = 0,
 ) -> str:
     """Fetch one file into ``tmp/<key>.part``, verify and publish it; returns its sha256.
 
@@ -256,7 +309,9 @@ async def fetch_blob(
                 async with asyncio.TaskGroup() as tg:
                     for i in range(prog.n):
                         if i not in done:
-                            tg.create_task(_fetch_range(ctx, prog, fd, location, i, state, done))
+                            tg.create_task(
+                                _fetch_range(ctx, prog, fd, location, i, state, done, seq)
+                            )
             except BaseException as exc:
                 prog.cancel()
                 with contextlib.suppress(BaseException):
@@ -352,6 +407,7 @@ async def _fetch_range(
     i: int,
     state: Path,
     done: set[int],
+    seq: int,
 ) -> None:
     start = i * prog.chunk
     end = start + prog.length(i)
@@ -360,7 +416,7 @@ async def _fetch_range(
         pos = start + prog.filled[i]
         if pos >= end:
             break
-        async with ctx.connections:
+        async with ctx.connections.slot((i, seq)):
             try:
                 if ctx.limiter is None and ctx.direct and _can_direct(ctx.source, location):
                     try:

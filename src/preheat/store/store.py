@@ -43,6 +43,7 @@ from preheat.store.fill import (
     FillContext,
     FillStats,
     RateLimiter,
+    Slots,
     fetch_blob,
     fsync_dirs,
     lock_file,
@@ -289,7 +290,7 @@ class NodeStore:
         ctx = FillContext(
             source=source,
             layout=self.layout,
-            connections=asyncio.Semaphore(connections),
+            connections=Slots(connections),
             executor=executor,
             stats=stats,
             limiter=RateLimiter(rate_limit) if rate_limit else None,
@@ -301,7 +302,7 @@ class NodeStore:
         files = asyncio.Semaphore(4)  # files hashed at once (one thread each)
         out: dict[str, str] = {}
 
-        async def one(w: _Want) -> None:
+        async def one(w: _Want, seq: int) -> None:
             async with files:
                 lock = await lock_file(self.layout.tmp / f"{w.key}.lock")
                 try:
@@ -310,7 +311,7 @@ class NodeStore:
                         stats.reused += w.size * len(w.paths)
                     else:
                         digest = await fetch_blob(
-                            ctx, w.paths[0], w.location, w.size, w.expected, w.key
+                            ctx, w.paths[0], w.location, w.size, w.expected, w.key, seq
                         )
                         self._record_blob(digest, w.size, w.location.fingerprint)
                 finally:
@@ -328,8 +329,8 @@ class NodeStore:
         try:
             async with asyncio.TaskGroup() as tg:
                 # biggest first keeps every connection busy to the end
-                for w in sorted(wants.values(), key=lambda w: -w.size):
-                    tg.create_task(one(w))
+                for seq, w in enumerate(sorted(wants.values(), key=lambda w: -w.size)):
+                    tg.create_task(one(w, seq))
             if ctx.dirty_dirs:
                 await asyncio.get_running_loop().run_in_executor(
                     executor, fsync_dirs, ctx.dirty_dirs
