@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -523,23 +524,40 @@ def demo(
 
     try:
         summary = asyncio.run(
-            run_demo(
-                out,
-                size=size_b,
-                bandwidth=bw_b,
-                requests=requests,
-                concurrency=concurrency,
-                keep=keep,
-                say=lambda m: console.print(m),
-                wait_view=wait_view,
+            _stoppable(
+                run_demo(
+                    out,
+                    size=size_b,
+                    bandwidth=bw_b,
+                    requests=requests,
+                    concurrency=concurrency,
+                    keep=keep,
+                    say=lambda m: console.print(m),
+                    wait_view=wait_view,
+                )
             )
         )
     except (PreheatError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        click.echo("interrupted; every process the demo started was stopped", err=True)
+        sys.exit(130)
     _print_summary(console, summary)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
+
+
+async def _stoppable(coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """Run ``coro``; SIGTERM cancels it like Ctrl-C does, so its clean-up (stopping the
+    replicas and the router) always runs."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _progress_line(fleet: LocalFleet) -> str:

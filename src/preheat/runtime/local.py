@@ -269,7 +269,7 @@ class LocalFleet:
         await self.router.stop()
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(node.cache.close)
+                await node.cache.aclose()
         if self._session is not None:
             await self._session.close()
         self.events.close()

@@ -63,7 +63,14 @@ class NodeCache:
         self.spec.store.mkdir(parents=True, exist_ok=True)
         self._store = NodeStore(self.spec.store, capacity=self.spec.capacity)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Cancel fills still running (their partial files stay resumable) and close."""
+        for task in self._pulls.values():
+            task.cancel()
+        for task in self._pulls.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._pulls.clear()
         self._store = None
 
     def has(self, revision: str) -> bool:
