@@ -328,3 +328,56 @@ async def test_decision_log_and_metrics(backends, make_router, tmp_path: Path) -
     assert 'outcome="fallback",strategy="prefix_aware",variant="default"} 1.0' in m
     assert "preheat_router_decision_seconds_bucket" in m and "preheat_router_in_flight" in m
     assert "TOPSECRET" not in m
+
+
+async def test_a_stale_keep_alive_connection_is_retried_not_failed(make_router) -> None:  # type: ignore[no-untyped-def]
+    """An instance that closes a reused connection without answering (as llama-server
+    does with idle ones) costs one retry on a fresh connection, not a failure."""
+    served = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        first = True
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                if not first:  # a reused connection: hang up without an answer
+                    break
+                first = False
+                served += 1
+                body = b'{"choices": [{"text": "ok"}]}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        r = await make_router([url])
+        for _ in range(3):
+            async with await r.post("/v1/completions", {"prompt": "x"}) as resp:
+                assert resp.status == 200
+        assert served == 3
+        assert r.router.find(url).state == "healthy"  # type: ignore[union-attr]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_models_without_instances_is_503(make_router) -> None:  # type: ignore[no-untyped-def]
+    """/v1/models needs a healthy instance too."""
+    r = await make_router([])
+    async with r.session.get(r.url + "/v1/models") as resp:
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
