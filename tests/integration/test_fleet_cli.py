@@ -159,6 +159,14 @@ def test_up_steer_and_down(workdir: Path) -> None:
         text = run("status", cwd=workdir)
         assert text.returncode == 0 and "replicas" in text.stdout and "nodes" in text.stdout
 
+        import urllib.request
+
+        control = json.loads((workdir / ".preheat" / "control.json").read_text())
+        with urllib.request.urlopen(control["url"] + "/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert 'preheat_starts_total{event_class="node_loss_recovery",outcome="ok"}' in metrics
+        assert 'preheat_node_revision_ready{node="a"' in metrics
+
         pids = replica_pids(workdir)
         assert len(pids) == 2
         r = run("down", cwd=workdir)

@@ -6,6 +6,7 @@ The server listens on 127.0.0.1 on a free port and writes ``<state>/control.json
 with that token, so only users who can read the state directory can steer the fleet.
 
     GET  /status                          the fleet's status document
+    GET  /metrics                         Prometheus text (no token needed)
     POST /scale   {"replicas", "variant"?}
     POST /apply   {"spec": {...}}          an endpoint document (validated like a file)
     POST /nodes/{name}/fail
@@ -57,6 +58,7 @@ class ControlServer:
     async def start(self) -> None:
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/scale", self._scale)
         app.router.add_post("/apply", self._apply)
         app.router.add_post("/nodes/{name}/fail", self._fail)
@@ -88,7 +90,10 @@ class ControlServer:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
+        # /metrics is read-only and holds no secret: scrapers need no token.
+        if request.path != "/metrics" and not hmac.compare_digest(
+            given.encode(), self.token.encode()
+        ):
             return web.json_response({"error": "unauthorized"}, status=401)
         try:
             return await handler(request)
@@ -110,6 +115,10 @@ class ControlServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.fleet.status())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(self.fleet.metrics_text)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _scale(self, request: web.Request) -> web.Response:
         body = await self._body(request)

@@ -90,6 +90,7 @@ from preheat.runtime.router_proc import RouterProcess
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
 from preheat.telemetry.events import EventLog, StartRecord
 from preheat.telemetry.inventory import NodeInventory, WarmupFailure, inventory_from_store
+from preheat.telemetry.prometheus import TelemetryMetrics
 
 __all__ = ["LocalFleet", "ResolvedVariant"]
 
@@ -181,6 +182,8 @@ class LocalFleet:
         self.tick = tick
         self.startup_timeout = startup_timeout
         self.events = EventLog(self.state_dir / "events.jsonl")
+        #: Prometheus export of start records and node inventories (own registry).
+        self.metrics = TelemetryMetrics()
         self.router = RouterProcess(self.state_dir, spec, router_port)
         self.nodes: dict[str, _Node] = {
             n.name: _Node(spec=n, cache=NodeCache(n)) for n in cluster.nodes
@@ -482,7 +485,7 @@ class LocalFleet:
         """Each node's cache (from its store) joined with the controller's readiness and
         its last warm-up failure, for reports and `/metrics`."""
         out = []
-        for n in self.nodes.values():
+        for n in list(self.nodes.values()):  # may run in a worker thread: iterate copies
             if n.cache.closed:
                 continue
             failure = n.last_failure
@@ -491,11 +494,16 @@ class LocalFleet:
                     n.spec.name,
                     n.cache.store,
                     capacity_bytes=n.spec.capacity,
-                    ready={rev: v.state == "ready" for rev, v in n.views.items()},
+                    ready={rev: v.state == "ready" for rev, v in list(n.views.items())},
                     last_warmup_failure=failure,
                 )
             )
         return out
+
+    def metrics_text(self) -> bytes:
+        """The fleet's ``/metrics`` body: start histograms, cache hits, node inventories."""
+        self.metrics.set_inventory(self.inventory())
+        return self.metrics.exposition()
 
     def fetched_bytes(self, revision: str) -> int:
         """Bytes fetched from the origin for ``revision`` over all nodes."""
@@ -1117,6 +1125,7 @@ class LocalFleet:
                 failure=failure,
             )
             self.events.append(rec)
+            self.metrics.observe_start(rec)
         except ValueError as exc:
             self.say(f"could not record the start of {r.id}: {exc}")
 
