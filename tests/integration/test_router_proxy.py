@@ -381,3 +381,21 @@ async def test_models_without_instances_is_503(make_router) -> None:  # type: ig
     r = await make_router([])
     async with r.session.get(r.url + "/v1/models") as resp:
         assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+
+
+async def test_a_client_leaving_mid_stream_frees_the_instance(backends, make_router) -> None:  # type: ignore[no-untyped-def]
+    """The router stops relaying, the in-flight count returns to 0, nothing is marked down."""
+    r = await make_router([_url(backends[0])])
+    body = {"prompt": "x", "stream": True, "max_tokens": 20, "preheat_test": {"chunk_gap_s": 0.1}}
+    resp = await r.post("/v1/completions", body)
+    assert (await resp.content.readline()).startswith(b"data: ")
+    resp.close()  # hang up mid-stream
+    up = r.router.find(_url(backends[0]))
+    assert up is not None
+    for _ in range(60):
+        if up.in_flight == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert up.in_flight == 0 and up.state == "healthy"
+    async with await r.post("/v1/completions", {"prompt": "x"}) as again:
+        assert again.status == 200

@@ -207,9 +207,11 @@ class Router:
         self._health_task = asyncio.create_task(self._health_loop(), name="router-health")
 
     async def stop(self, app: web.Application) -> None:
-        self._health_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._health_task
+        task = getattr(self, "_health_task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._session is not None:
             await self._session.close()
         if self.decision_log is not None:
@@ -456,7 +458,12 @@ class Router:
         ok = resp.status < 400
         try:
             async for chunk in resp.content.iter_any():
-                await out.write(chunk)
+                try:
+                    await out.write(chunk)
+                except ConnectionError:
+                    # The client went away: stop reading; leaving the block closes the
+                    # upstream response, which aborts the generation on the engine.
+                    return out, None, False
                 if sampled:
                     tail = (tail + chunk)[-8192:]
         except (aiohttp.ClientError, TimeoutError) as exc:
