@@ -37,9 +37,10 @@ def router_config(spec: EndpointSpec) -> dict[str, Any]:
             }
             for v in spec.variants
         ],
-        # Replicas come and go under the fleet's control; check health often so a crashed
-        # one leaves the rotation before the fleet notices.
-        "health": {"interval_s": 0.5, "timeout_s": 1.0, "failures": 1},
+        # The fleet takes a replica out of the router itself when its process exits or it
+        # is drained; the router's own checks are the backstop for a hung replica, and
+        # must not evict a healthy one that answers slowly on a busy machine.
+        "health": {"interval_s": 1.0, "timeout_s": 2.0, "failures": 2},
         "upstream_timeout_s": 120,
     }
 
