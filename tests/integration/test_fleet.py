@@ -92,6 +92,12 @@ async def test_warm_nodes_preferred_cold_fallback_succeeds(tmp_path: Path, model
         # The router serves through all three.
         load = await run_load(fleet.router.url, requests=12, concurrency=3)
         assert load.failed == 0 and load.ok == 12
+        # Each replica holds a lease on its node's snapshot while it runs.
+        rev = fleet.status()["variants"][0]["revision"]
+        for node, rep in by_node.items():
+            assert NodeStore(tmp_path / "nodes" / node).leases(rev) == [rep["id"]]
+    for node in by_node:  # stopped replicas released them
+        assert NodeStore(tmp_path / "nodes" / node).leases(rev) == []
 
 
 @pytest.fixture
