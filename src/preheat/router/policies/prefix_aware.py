@@ -285,8 +285,9 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
                     outcome = "spill"
         if pick < 0:
             # everyone at the in-flight bound: least loaded, ties by rendezvous score.
-            scores = _scores(key, seeds)
-            pick = max(range(n), key=lambda j: (-loads[j], scores[j]))
+            least = min(loads)
+            ties = [j for j, x in enumerate(loads) if x == least]
+            pick = max(ties, key=lambda j: ((key ^ seeds[j]) * _MUL) & MASK64)
 
         chosen = instances[pick]
         matched = depth if pick in warm else 0
