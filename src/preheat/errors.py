@@ -7,7 +7,8 @@
     │   ├── UnsafePath(CacheError, ValueError)       manifest path escapes the store root
     │   ├── InsufficientSpace(CacheError, OSError)   not enough room even after eviction
     │   ├── SnapshotNotFound(CacheError, KeyError)
-    │   └── SnapshotInUse(CacheError)                leased: cannot be deleted
+    │   ├── SnapshotInUse(CacheError)                leased: cannot be deleted
+    │   └── RevisionChanged(CacheError)              ref moved away from a pinned revision
     ├── FetchError                                   talking to an origin
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
@@ -78,6 +79,10 @@ class SnapshotNotFound(CacheError, KeyError):
 
 class SnapshotInUse(CacheError):
     """The snapshot is leased by a replica and cannot be deleted."""
+
+
+class RevisionChanged(CacheError):
+    """The ref no longer resolves to the revision the caller pinned (nothing was fetched)."""
 
 
 # --- origins ----------------------------------------------------------------------------

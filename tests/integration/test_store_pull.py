@@ -21,6 +21,7 @@ from preheat.errors import (
     InsufficientSpace,
     ObjectNotFound,
     OriginUnavailable,
+    RevisionChanged,
     SnapshotInUse,
     TruncatedBody,
     UnsafePath,
@@ -110,6 +111,8 @@ def test_new_revision_fetches_only_the_changed_shard(tmp_path: Path, origin_root
         write_http_manifest(src / "m")
         v2 = store.pull(url)
     assert v2.revision != v1.revision and v2.manifest_digest != v1.manifest_digest
+    with nginx_origin(src) as o, pytest.raises(RevisionChanged, match=v1.revision):
+        store.pull(o.url("m/preheat-manifest.json"), revision=v1.revision)  # pinned: refused
     assert v2.bytes_fetched == changed.stat().st_size
     shared = [p.name for p in (src / "m").glob("*.safetensors") if p != changed]
     for name in shared:  # unchanged shards are the same inode in both snapshots

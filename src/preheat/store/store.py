@@ -32,6 +32,7 @@ from preheat.errors import (
     CacheError,
     ConfigError,
     InsufficientSpace,
+    RevisionChanged,
     SnapshotInUse,
     SnapshotNotFound,
 )
@@ -168,11 +169,14 @@ class NodeStore:
         connections: int = 8,
         progress: Progress | None = None,
         chunk: int = DEFAULT_CHUNK,
+        revision: str | None = None,
     ) -> PullResult:
         """Resolve ``ref``, fetch what is missing, publish a verified snapshot (blocking).
 
         ``rate_limit`` caps bytes/s over all connections; ``chunk`` is the size of one
-        ranged request (and the unit a resumed fill skips)."""
+        ranged request (and the unit a resumed fill skips). With ``revision``, the pull
+        fails with ``RevisionChanged`` before fetching anything if ``ref`` now resolves
+        to a different revision (an endpoint pins the revision it resolved once)."""
         coro = self.apull(
             ref,
             endpoint_url=endpoint_url,
@@ -180,6 +184,7 @@ class NodeStore:
             connections=connections,
             progress=progress,
             chunk=chunk,
+            revision=revision,
         )
         try:
             import uvloop
@@ -197,6 +202,7 @@ class NodeStore:
         connections: int = 8,
         progress: Progress | None = None,
         chunk: int = DEFAULT_CHUNK,
+        revision: str | None = None,
     ) -> PullResult:
         """``pull`` for callers that already run an event loop."""
         if connections < 1:
@@ -210,6 +216,11 @@ class NodeStore:
         source = open_source(r, endpoint_url=endpoint_url, connections=connections)
         try:
             res = await source.resolve()
+            if revision is not None and res.revision != revision:
+                raise RevisionChanged(
+                    f"{ref} now resolves to revision {res.revision}, not {revision}; "
+                    "nothing was fetched (apply the spec again to move to the new revision)"
+                )
             return await self._pull_resolved(
                 r, res, source, t0, rate_limit, connections, progress, chunk
             )
