@@ -338,6 +338,10 @@ class LocalFleet:
         if not node.up:
             raise ControlError(f"node {name!r} is already down")
         node.up = False
+        for rev, task in list(node.warm_tasks.items()):
+            if not task.done():
+                task.cancel()
+                node.views.pop(rev, None)  # warmed again when the node comes back
         for r in list(self.replicas.values()):
             if r.node == name and r.phase in ("starting", "ready", "draining"):
                 self._lost_pending[r.variant] += 1
