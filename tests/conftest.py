@@ -1,15 +1,13 @@
-"""Shared fixtures: free ports and process clean-up for tests that start real servers."""
+"""Shared fixtures: free ports for tests that start real servers."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
+
+from preheat.testing.procs import free_port as _free_port
 
 
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return _free_port()

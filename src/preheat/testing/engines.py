@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,7 @@ from typing import Any
 from preheat.errors import EngineUnavailable
 
 from .gguf_model import write_tiny_llama_gguf
+from .procs import free_port, stop_process
 
 __all__ = [
     "EngineProcess",
@@ -51,13 +50,6 @@ __all__ = [
 ]
 
 LLAMA_SERVER_ENV = "PREHEAT_LLAMA_SERVER"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -108,15 +100,7 @@ class EngineProcess:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``; safe to call twice."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_process(self.proc, grace_s=grace_s)
 
 
 def engine_command(

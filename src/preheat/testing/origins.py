@@ -17,54 +17,16 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .procs import free_port, stop_process, wait_http
+
 NGINX = os.environ.get("PREHEAT_NGINX", "/usr/sbin/nginx")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return  # it answered; a 404 on the probe URL is fine
-        except OSError as exc:
-            last = exc
-            time.sleep(0.05)
-    raise RuntimeError(f"server at {url} did not answer within {timeout} s: {last}")
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @dataclass(frozen=True)
@@ -153,10 +115,10 @@ def nginx_origin(
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_http(f"http://127.0.0.1:{port}/", 10, proc)
+        wait_http(f"http://127.0.0.1:{port}/", 10, proc)
         yield HttpOrigin(root=Path(root), port=port, pid=proc.pid)
     finally:
-        _stop(proc, signal.SIGQUIT)  # graceful: master waits for its workers
+        stop_process(proc, grace_s=10, sig=signal.SIGQUIT)  # graceful: master waits for its workers
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -209,7 +171,7 @@ def s3_origin(port: int | None = None) -> Iterator[S3Origin]:
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
     try:
-        _wait_http(f"http://127.0.0.1:{port}/", 30, proc)
+        wait_http(f"http://127.0.0.1:{port}/", 30, proc)
         yield S3Origin(endpoint_url=f"http://127.0.0.1:{port}", pid=proc.pid)
     finally:
         for k, v in saved.items():
@@ -223,4 +185,4 @@ def s3_origin(port: int | None = None) -> Iterator[S3Origin]:
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_process(proc)

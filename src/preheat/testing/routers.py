@@ -18,10 +18,8 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -29,14 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .procs import free_port, stop_process, wait_http
+
 DEFAULT_SALT = "preheat-test-salt-0123456789abcdef"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -68,36 +61,10 @@ class RouterProcess:
 
     def stop(self) -> None:
         """SIGTERM the process by PID, SIGKILL it after 5 s; close its log."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_process(self.proc)
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Poll ``url`` until it answers (any HTTP status) or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return
-        except OSError as exc:
-            last = exc
-            time.sleep(0.05)
-    raise RuntimeError(f"server at {url} did not answer within {timeout} s: {last}")
 
 
 def _launch(
