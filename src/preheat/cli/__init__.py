@@ -24,7 +24,6 @@ COMMANDS: dict[str, str] = {
     "node": "preheat.cli.fleet:node",
     "demo": "preheat.cli.demo:demo",
     "report": "preheat.cli.report:report",
-    "sim": "preheat.cli.sim:sim",
 }
 
 

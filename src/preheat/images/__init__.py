@@ -1,1 +1,0 @@
-"""Container image cache on a node (OCI registry client)."""

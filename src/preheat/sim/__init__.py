@@ -1,1 +1,0 @@
-"""Discrete-event fleet simulator calling the same pure policy code as the live system."""
