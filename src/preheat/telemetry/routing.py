@@ -12,10 +12,13 @@ One line per sampled request, with these keys (the report reads them):
 from __future__ import annotations
 
 import json
+import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+import orjson
 
 from preheat.errors import ConfigError
 
@@ -38,8 +41,30 @@ class RouteDecision:
     prompt_tokens: int | None
     decision_us: float
 
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a plain dict (built field by field: ``asdict`` deep-copies)."""
+        return {
+            "ts": self.ts,
+            "request_id": self.request_id,
+            "variant": self.variant,
+            "strategy": self.strategy,
+            "instance": self.instance,
+            "rank": self.rank,
+            "outcome": self.outcome,
+            "matched_blocks": self.matched_blocks,
+            "prefix_blocks": self.prefix_blocks,
+            "predicted_cached_tokens": self.predicted_cached_tokens,
+            "actual_cached_tokens": self.actual_cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "decision_us": self.decision_us,
+        }
+
+    def to_json_bytes(self) -> bytes:
+        """One compact JSON line without the newline (orjson: ~1 us)."""
+        return orjson.dumps(self.to_dict())
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return self.to_json_bytes().decode()
 
 
 def read_decisions(path: str | Path) -> list[RouteDecision]:
@@ -54,7 +79,12 @@ def read_decisions(path: str | Path) -> list[RouteDecision]:
 
 
 class DecisionLog:
-    """Append sampled decisions to a JSONL file; ``sample`` in [0, 1] is the kept share."""
+    """Append sampled decisions to a JSONL file; ``sample`` in [0, 1] is the kept share.
+
+    Each line is one ``write(2)`` on an ``O_APPEND`` descriptor: no Python buffer to
+    flush, so a reader sees every finished request's line at once, and lines from
+    several routers appending to one file never interleave mid-line.
+    """
 
     def __init__(self, path: str | Path, sample: float = 1.0, *, rng: random.Random) -> None:
         if not 0.0 <= sample <= 1.0:
@@ -63,18 +93,17 @@ class DecisionLog:
         self.sample = sample
         self._rng = rng
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def sampled(self) -> bool:
         """Whether the next request should be logged (decided before it is proxied)."""
         return self.sample >= 1.0 or (self.sample > 0.0 and self._rng.random() < self.sample)
 
     def write(self, decision: RouteDecision) -> None:
-        if self._f is not None:
-            self._f.write(decision.to_json() + "\n")
-            self._f.flush()
+        if self._fd is not None:
+            os.write(self._fd, orjson.dumps(decision.to_dict(), option=orjson.OPT_APPEND_NEWLINE))
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -70,6 +70,7 @@ the index holds 64-bit keyed hashes and instance ids only.
 from __future__ import annotations
 
 import random as _random
+from bisect import insort
 from collections import OrderedDict
 from collections.abc import Sequence
 from math import ceil
@@ -82,7 +83,7 @@ from preheat.router.prefix import (
     SCORE_MULTIPLIER,
     PrefixHasher,
     PrefixKey,
-    canonical,
+    canonical_parts,
 )
 
 _MUL = SCORE_MULTIPLIER
@@ -163,6 +164,9 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._pos: dict[str, int] = {}
         self._recent: dict[str, float] = {}
         self._rl: list[float] = []
+        # Positions into ``_rl`` by ascending recent count: the least-loaded instance under
+        # the in-flight bound is the first of them below it, found without a full pass.
+        self._order: list[int] = []
         self._last: Sequence[InstT] | None = None
         self._g = 1.0
 
@@ -178,9 +182,10 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             raise ValueError("a RouteRequest needs a body, a text or a hint")
         model = body.get("model")
         salt = body.get("cache_salt")
-        text, ends = canonical(body)
-        return self.hasher.chain(
-            text,
+        parts, ends, total = canonical_parts(body)
+        return self.hasher.chain_parts(
+            parts,
+            total,
             self.params.prefix_length,
             boundaries=ends,
             model=model if isinstance(model, str) else None,
@@ -212,6 +217,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._seed_list = [seed(x) for x in ids]
             self._pos = {x: j for j, x in enumerate(ids)}
             self._rl = [self._recent.get(x, 0.0) for x in ids]
+            self._order = sorted(range(len(ids)), key=self._rl.__getitem__)
 
     def choose(self, request: RouteRequest, instances: Sequence[InstT]) -> Choice[InstT]:
         n = len(instances)
@@ -235,14 +241,22 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         )
         mean = sum(recent) / n
         share_cap = mean + eps * max(mean, LOAD_FLOOR * g) + g
-        # Recent counts of the instances under both bounds (inf for the others).
-        masked = [
-            r if x < limit and r < share_cap else _INF for x, r in zip(loads, recent, strict=True)
-        ]
-        low = min(masked)
-        if low == _INF:  # nobody under both: drop the share bound
-            masked = [r if x < limit else _INF for x, r in zip(loads, recent, strict=True)]
-            low = min(masked)
+        # ``low``: the least recent count under both bounds. The first instance in
+        # ascending recent order that is under the in-flight bound has it; if even that
+        # one is at the share bound, nobody is under both and the share bound is dropped.
+        low = _INF
+        ties: list[int] = []
+        for j in self._order:
+            if low == _INF:
+                if loads[j] < limit:
+                    low = recent[j]
+                    ties.append(j)
+            elif recent[j] != low:
+                break
+            elif loads[j] < limit:
+                ties.append(j)
+        if low >= share_cap:
+            share_cap = _INF
         depth, holders = self.index.longest(chain)
         warm = [pos[h] for h in holders if h in pos] if depth else []
         key = pk.key
@@ -250,11 +264,16 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         pick = -1
         rank = 0
         outcome = "fallback"
-        if warm and all(masked[j] == _INF for j in warm) and low != _INF:
+        # A holder's recent count if it is under both bounds, else inf.
+        wm = [recent[j] if loads[j] < limit and recent[j] < share_cap else _INF for j in warm]
+        if warm and low != _INF and min(wm) == _INF:
             # 5. every holder is at a bound: spill along the matched prefix's own
             # rendezvous order, so its overflow always warms the same next instance.
             order = _scores(chain[depth - 1], seeds)
-            eligible = [o if m != _INF else -1 for o, m in zip(order, masked, strict=True)]
+            eligible = [
+                o if x < limit and r < share_cap else -1
+                for o, x, r in zip(order, loads, recent, strict=True)
+            ]
             pick = eligible.index(max(eligible))
             top = order[pick]
             rank = sum(1 for o in order if o > top)
@@ -263,16 +282,14 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             # 4. value = cached share - load_weight * excess load; the best non-holder
             # is simply the least loaded under the bounds (ties by rendezvous score).
             norm = p.load_weight / max(mean, LOAD_FLOOR * g)
-            if masked.count(low) == 1:
-                pick = masked.index(low)
+            if len(ties) == 1:
+                pick = ties[0]
             else:
-                ties = [j for j, r in enumerate(masked) if r == low]
                 pick = max(ties, key=lambda j: ((key ^ seeds[j]) * _MUL) & MASK64)
             if warm:
                 best_v = -(low - mean) * norm
                 frac = 1.0 if pk.hinted else min(1.0, pk.cuts[depth - 1] / max(pk.prompt_chars, 1))
-                for j in warm:
-                    cnt = masked[j]
+                for j, cnt in zip(warm, wm, strict=True):
                     if cnt != _INF:
                         v = frac - (cnt - mean) * norm
                         if v > best_v or j == pick:
@@ -343,7 +360,11 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         iid = choice.instance.id
         j = self._pos.get(iid)
         if j is not None and j < len(self._ids) and self._ids[j] == iid:
-            self._rl[j] += g
+            rl = self._rl
+            rl[j] += g
+            order = self._order
+            order.remove(j)
+            insort(order, j, key=rl.__getitem__)
         else:
             self._recent[iid] = self._recent.get(iid, 0.0) + g
         if g > 1e12:
