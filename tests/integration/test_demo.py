@@ -58,8 +58,35 @@ def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
         assert {"ttft_p50_ms", "ttft_p90_ms", "kv_hit_rate", "shares"} <= set(r)
         assert len(r["shares"]) == 4 and abs(sum(r["shares"].values()) - 1) < 0.01
     assert routing["prefix_aware"]["kv_hit_rate"] > routing["random"]["kv_hit_rate"]
-    assert (out / "report" / "index.html").exists()
-    assert list((out / "report").glob("*.png"))
+    # The router's sampled decision log: the engine's cached_tokens next to the
+    # router's prediction, for both strategies.
+    decisions = [
+        json.loads(line)
+        for line in (out / "route_decisions.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    assert s["route_decisions"] == str(out / "route_decisions.jsonl")
+    assert {d["strategy"] for d in decisions} == {"random", "prefix_aware"}
+    assert all(d["actual_cached_tokens"] is not None for d in decisions)
+    assert all(d["prompt_tokens"] for d in decisions)
+    aware = [d for d in decisions if d["strategy"] == "prefix_aware"]
+    assert sum(d["actual_cached_tokens"] for d in aware) > 0
+    assert sum(d["predicted_cached_tokens"] or 0 for d in aware) > 0
+    # The report: start times, inventory and the routing part, each plot on disk.
+    page = (out / "report" / "index.html").read_text()
+    for png in (
+        "readiness_cdf.png",
+        "inventory.png",
+        "route_share.png",
+        "kv_hit_rate.png",
+        "predicted_vs_actual.png",
+    ):
+        assert (out / "report" / png).stat().st_size > 0, png
+        assert f'<img src="{png}"' in page, png
+    for table in ("inventory", "routing-summary", "routing"):
+        assert f'class="{table}"' in page, table
+    for strategy in ("random", "prefix_aware"):
+        assert f"<td>{strategy}</td>" in page
     records = read_start_records(out / "events.jsonl")
     classes = {r.event_class.value for r in records}
     assert {"new_node", "scale_out", "new_version"} <= classes

@@ -112,6 +112,21 @@ def replica_pids(workdir: Path) -> list[int]:
     return pids
 
 
+def children_of(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("PPid:"):
+                    if int(line.split()[1]) == pid:
+                        out.append(int(entry.name))
+                    break
+    return out
+
+
 def test_invalid_spec_names_field_and_starts_nothing(tmp_path: Path) -> None:
     """`preheat up` with a bad spec exits 2 with the field named; no state, no process."""
     (tmp_path / "bad.yaml").write_text(
@@ -191,3 +206,73 @@ def test_ctrl_c_stops_every_process(workdir: Path) -> None:
         assert proc.returncode == 0, out
         assert "stopped every process" in out
         assert not any(alive(p) for p in pids)
+
+
+def test_status_shows_cache_inventory(workdir: Path) -> None:
+    """`preheat status` prints each node's cache inventory as a table, and `--json` holds
+    it: revisions, bytes, last use, leases, pin, priority, free space, eviction order, and
+    the last warm-up failure with its reason (a node too small for the model)."""
+    (workdir / "cluster.yaml").write_text(
+        "nodes:\n  - {name: a, capacity: 1GiB, slots: 2}\n  - {name: tiny, capacity: 1MB}\n"
+    )
+    spec = (workdir / "endpoint.yaml").read_text()
+    spec = spec.replace(
+        "weights: {enabled: true}", "weights: {enabled: true, pin: true, priority: 7}"
+    )
+    (workdir / "endpoint.yaml").write_text(spec)
+    with fleet_up(workdir):
+        st = wait_status(workdir, lambda s: s["variants"][0]["ready"] == 1)
+        rev = st["variants"][0]["revision"]
+        (replica,) = st["replicas"]
+        inv = {n["node"]: n for n in st["inventory"]}
+        assert set(inv) == {"a", "tiny"}
+        (snap,) = inv["a"]["snapshots"]
+        assert snap["revision"] == rev
+        assert snap["size_bytes"] == st["variants"][0]["model_bytes"]
+        assert snap["leased_by"] == [replica["id"]]
+        assert snap["pinned"] is True and snap["priority"] == 7
+        assert snap["last_use"] is not None and snap["ready"] is True
+        assert inv["a"]["free_bytes"] > 0 and inv["a"]["capacity_bytes"] == 1024**3
+        assert inv["a"]["eviction_candidates"] == []  # leased and pinned: never evicted
+        assert inv["a"]["last_warmup_failure"] is None
+        fail = inv["tiny"]["last_warmup_failure"]
+        assert inv["tiny"]["snapshots"] == [] and fail["revision"] == rev
+        assert fail["reason"]  # the numbers: what it needs vs what it has
+
+        r = subprocess.run(
+            [*PREHEAT, "status"],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+        assert r.returncode == 0, r.stderr
+        text = r.stdout
+        assert "Cache inventory" in text
+        for column in ("revision", "size", "last use", "leased by", "pinned", "prio", "evict #"):
+            assert column in text
+        assert replica["id"] in text and rev in text
+        assert "free" in text and f"warm-up of {rev} failed" in text
+
+
+def test_sigkill_of_up_leaves_no_child(workdir: Path) -> None:
+    """When `preheat up` is killed outright (no chance to clean up), the router and the
+    replicas it started die with it (parent-death signal), within a few seconds."""
+    with fleet_up(workdir) as proc:
+        wait_status(workdir, lambda s: s["variants"][0]["ready"] == 1)
+        engines = replica_pids(workdir)
+        children = children_of(proc.pid)
+        try:
+            # The router and the replica, started directly by `up` (the launcher execs).
+            assert len(children) >= 2 and set(engines) <= set(children), (children, engines)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            deadline = time.monotonic() + 5
+            while any(alive(p) for p in children) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not [p for p in children if alive(p)]
+        finally:
+            for p in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)

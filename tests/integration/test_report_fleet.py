@@ -118,8 +118,8 @@ async def test_each_event_class_from_its_scenario(tmp_path: Path) -> None:
         assert rec.weights_source == "origin"
         assert rec.bytes_from["origin"] == model_bytes
 
-        # 5. A node joins after deployment; scaling out places a replica on it. (The fleet
-        # counts a node as late once a deployment has finished, so wait for that first.)
+        # 5. A node joins after deployment; scaling out places a replica on it: its first
+        # start is new_node (a node added by `node add` is new until it hosts a replica).
         r1 = st["variants"][0]["revision"]
         await fleet.wait_until(
             lambda f: f.status()["variants"][0]["stable"] == r1, 30, "deployment finished"

@@ -13,8 +13,13 @@
 6. The same traffic (RAG-style prompts over shared documents with skewed popularity)
    with ``random`` and with ``prefix_aware`` routing: TTFT, KV hit rate, shares.
 
-It writes ``DIR/events.jsonl`` (one start record per replica start) and the HTML report
-``DIR/report/index.html``, prints a summary, and with ``--json`` a machine-readable one.
+It writes ``DIR/events.jsonl`` (one start record per replica start), the router's
+sampled decision log ``DIR/route_decisions.jsonl`` (``RouteDecision`` JSONL: the prefix
+match the router predicted vs the ``cached_tokens`` the engine reported) and the HTML
+report ``DIR/report/index.html`` with its PNGs (start times per event class, the node
+inventory, and the routing part: summary per strategy, per-instance share, KV hit rate
+over time, predicted vs actual cached tokens), prints a summary, and with ``--json`` a
+machine-readable one.
 """
 
 from __future__ import annotations
@@ -179,6 +184,9 @@ async def _traffic(fleet: LocalFleet, prompts: list[str], concurrency: int) -> d
                     "prompt": prompt,
                     "max_tokens": 16,
                     "stream": True,
+                    # The usage chunk carries the engine's cached_tokens, which the router
+                    # writes into its decision log next to its own prediction.
+                    "stream_options": {"include_usage": True},
                 }
                 t0 = time.monotonic()
                 first = None
@@ -239,6 +247,7 @@ async def run_demo(
     concurrency: int,
     keep: bool,
     say: Callable[[str], None],
+    decision_sample: float = 1.0,
     wait_view: Callable[[LocalFleet, str, Callable[[LocalFleet], bool], float], Awaitable[None]],
 ) -> dict[str, Any]:
     """Run the whole demo; returns the summary (see ``preheat demo --help``)."""
@@ -247,6 +256,8 @@ async def run_demo(
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(out / "logs", ignore_errors=True)
     (out / "events.jsonl").unlink(missing_ok=True)
+    decisions = out / "route_decisions.jsonl"
+    decisions.unlink(missing_ok=True)
     origin_root = work / "origin"
 
     say(
@@ -273,7 +284,7 @@ async def run_demo(
         base_dir=work,
     )
     spec = _spec("demo", src1, cache=False, strategy="random", replicas_max=4)
-    fleet = LocalFleet(spec, cluster, out)
+    fleet = LocalFleet(spec, cluster, out, decision_log=decisions, decision_sample=decision_sample)
     summary: dict[str, Any] = {}
     inventory: list[Any] = []
     try:
@@ -393,6 +404,7 @@ async def run_demo(
             "TTFT p90 (ms)": v["ttft_p90_ms"],
             "KV hit rate": v["kv_hit_rate"],
             "max share": max(v["shares"].values()) if v["shares"] else None,
+            "shares": {k: f"{100 * x:.0f}%" for k, x in v["shares"].items()},
         }
         for s, v in summary.get("routing", {}).items()
     }
@@ -400,11 +412,13 @@ async def run_demo(
         records,
         out / "report",
         routing_summary=routing_table,
+        route_decisions_path=decisions if decisions.exists() else None,
         inventory=inventory,
         title="preheat demo: cold vs warm starts, rollout, routing",
     )
     summary["report"] = str(page)
     summary["events"] = str(out / "events.jsonl")
+    summary["route_decisions"] = str(decisions)
     summary["seconds"] = round(time.monotonic() - t_start, 1)
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -461,7 +475,10 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             str(r["failed"]),
         )
     console.print(rt)
-    console.print(f"report: {s['report']}\nevents: {s['events']}\ntook {s['seconds']:.0f} s")
+    console.print(
+        f"report: {s['report']}\nevents: {s['events']}\n"
+        f"routing decisions: {s['route_decisions']}\ntook {s['seconds']:.0f} s"
+    )
 
 
 @click.command()
@@ -471,7 +488,7 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("preheat-demo"),
     show_default=True,
-    help="Where events.jsonl, summary.json, logs/ and report/ go.",
+    help="Where events.jsonl, route_decisions.jsonl, summary.json, logs/ and report/ go.",
 )
 @click.option("--size", default="2GiB", show_default=True, help="Sample model size.")
 @click.option(
@@ -494,6 +511,13 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     show_default=True,
     help="Requests in flight at once during the routing comparison.",
 )
+@click.option(
+    "--decision-sample",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="Share of routed requests the router writes to DIR/route_decisions.jsonl.",
+)
 @click.option("--keep", is_flag=True, help="Keep the origin and node stores under DIR/work.")
 def demo(
     as_json: bool,
@@ -502,6 +526,7 @@ def demo(
     bandwidth: str,
     requests: int,
     concurrency: int,
+    decision_sample: float,
     keep: bool,
 ) -> None:
     """The whole story in a few minutes: cold vs warm starts, a one-shard version change,
@@ -551,6 +576,7 @@ def demo(
                     requests=requests,
                     concurrency=concurrency,
                     keep=keep,
+                    decision_sample=decision_sample,
                     say=lambda m: console.print(m),
                     wait_view=wait_view,
                 )

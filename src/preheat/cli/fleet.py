@@ -129,6 +129,10 @@ def render_status(st: dict[str, Any], *, messages: int = 8) -> Group:
             rep["detail"][:80],
         )
     parts.append(rt)
+    if st.get("inventory"):
+        from preheat.telemetry.inventory import NodeInventory, inventory_table
+
+        parts.append(inventory_table([NodeInventory.from_dict(n) for n in st["inventory"]]))
     if messages and st["messages"]:
         parts.append(Text("\n".join(st["messages"][-messages:]), style="dim"))
     return Group(*parts)
@@ -273,7 +277,14 @@ def _call(state_dir: Path, method: str, path: str, body: Any = None) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
 @_state_option
 def status(as_json: bool, state_dir: Path) -> None:
-    """Show the running fleet: variants, nodes and their caches, replicas, router."""
+    """Show the running fleet: variants, nodes and their caches, replicas, router, and
+    each node's cache inventory (revisions, bytes, last use, leased by, pinned, priority,
+    free space, next eviction candidates, last warm-up failure).
+
+    \b
+    With --json the same document; the inventory is under "inventory", one object per
+    node (see docs/telemetry.md).
+    """
     try:
         st = _call(state_dir, "GET", "/status")
     except PreheatError as exc:

@@ -5,7 +5,8 @@ The server listens on 127.0.0.1 on a free port and writes ``<state>/control.json
 (``{"url", "token", "pid"}``, mode 0600); every call carries ``Authorization: Bearer``
 with that token, so only users who can read the state directory can steer the fleet.
 
-    GET  /status                          the fleet's status document
+    GET  /status                          the fleet's status document, with each node's
+                                          cache inventory under "inventory"
     GET  /metrics                         Prometheus text (no token needed)
     POST /scale   {"replicas", "variant"?}
     POST /apply   {"spec": {...}}          an endpoint document (validated like a file)
@@ -37,6 +38,7 @@ from preheat.config import parse_size
 from preheat.control.spec import parse_endpoint
 from preheat.errors import ConfigError, ControlError
 from preheat.runtime.local import LocalFleet
+from preheat.telemetry.prometheus import CONTENT_TYPE_LATEST
 
 __all__ = ["ControlServer", "call", "control_file"]
 
@@ -114,11 +116,11 @@ class ControlServer:
         return data
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.fleet.status())
+        return web.json_response(await self.fleet.full_status())
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.to_thread(self.fleet.metrics_text)
-        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _scale(self, request: web.Request) -> web.Response:
         body = await self._body(request)

@@ -118,8 +118,10 @@ class _Node:
     spec: NodeSpec
     cache: NodeCache
     up: bool = True
-    #: Joined (``node add``) after the endpoint was first deployed.
-    joined_late: bool = False
+    #: Joined by ``node add`` while the fleet ran (not in the cluster file). With
+    #: ``hosted_any`` this makes a start ``new_node`` (see ``_node_is_new``).
+    added: bool = False
+    #: Has hosted (started) a replica of this endpoint.
     hosted_any: bool = False
     views: dict[str, CacheView] = field(default_factory=dict)
     warm_failures: Counter[str] = field(default_factory=Counter)
@@ -155,6 +157,15 @@ class _Replica:
         return f"http://127.0.0.1:{self.port}"
 
 
+def _node_is_new(node: _Node) -> bool:
+    """A node is new to the endpoint until it hosts a replica, if it joined by ``node add``
+    while the fleet ran: after the first replica became healthy, or while the first
+    replicas were still starting (it never hosted one either way). Nodes of the cluster
+    file are not new: they were there when the deployment was planned, so a first start
+    on one is ``scale_out`` or ``cold_pod_warm_node`` (see ``telemetry.classify``)."""
+    return node.added and not node.hosted_any
+
+
 class LocalFleet:
     """One endpoint on one machine (see the module docstring).
 
@@ -172,8 +183,16 @@ class LocalFleet:
         tick: float = 0.2,
         clock: Clock | None = None,
         startup_timeout: float = 300.0,
+        decision_log: Path | None = None,
+        decision_sample: float = 1.0,
     ) -> None:
+        """``decision_log``: have the router append a sampled ``RouteDecision`` JSONL
+        (share ``decision_sample`` of requests) there, for reports."""
         check_against_cluster(spec, cluster)
+        if not 0.0 <= decision_sample <= 1.0:
+            raise ConfigError(
+                f"decision_sample {decision_sample} is outside 0-1; e.g. 0.1 logs 10% of requests"
+            )
         self.spec = spec
         self.cluster = cluster
         self.state_dir = Path(state_dir)
@@ -181,10 +200,17 @@ class LocalFleet:
         self.clock = clock or SystemClock()
         self.tick = tick
         self.startup_timeout = startup_timeout
-        self.events = EventLog(self.state_dir / "events.jsonl")
-        #: Prometheus export of start records and node inventories (own registry).
+        #: Prometheus export of start records and node inventories (own registry); fed
+        #: by the event log's hook, so every start written is also counted.
         self.metrics = TelemetryMetrics()
-        self.router = RouterProcess(self.state_dir, spec, router_port)
+        self.events = EventLog(self.state_dir / "events.jsonl", hooks=[self.metrics.observe_start])
+        self.router = RouterProcess(
+            self.state_dir,
+            spec,
+            router_port,
+            decision_log=decision_log,
+            decision_sample=decision_sample,
+        )
         self.nodes: dict[str, _Node] = {
             n.name: _Node(spec=n, cache=NodeCache(n)) for n in cluster.nodes
         }
@@ -207,7 +233,6 @@ class LocalFleet:
         self.origin_bytes: Counter[tuple[str, str]] = Counter()
         self.starts_total = 0
         self._seq = 0
-        self._deployed = False
         self._lost_pending: Counter[str] = Counter()
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -380,7 +405,7 @@ class LocalFleet:
                 slots=slots or template.slots,
                 origin_bandwidth=template.origin_bandwidth,
             )
-            node = _Node(spec=spec, cache=NodeCache(spec), joined_late=self._deployed)
+            node = _Node(spec=spec, cache=NodeCache(spec), added=True)
             await asyncio.to_thread(node.cache.open)
             self.nodes[name] = node
             self.cluster = dataclasses.replace(self.cluster, nodes=(*self.cluster.nodes, spec))
@@ -484,6 +509,14 @@ class LocalFleet:
             "events": str(self.events.path),
             "messages": list(self.messages),
         }
+
+    async def full_status(self) -> dict[str, Any]:
+        """``status()`` plus ``inventory``: each node's cache as ``NodeInventory.to_dict()``
+        (revisions, bytes, last use, leases, pins, priority, free space, eviction order,
+        readiness, last warm-up failure), read from the stores off the event loop."""
+        st = self.status()
+        st["inventory"] = [n.to_dict() for n in await asyncio.to_thread(self.inventory)]
+        return st
 
     def inventory(self) -> list[NodeInventory]:
         """Each node's cache (from its store) joined with the controller's readiness and
@@ -775,7 +808,6 @@ class LocalFleet:
         elif isinstance(a, FinishRollout):
             st = self.statuses.get(a.variant, VariantStatus())
             self.statuses[a.variant] = dataclasses.replace(st, stable=a.revision)
-            self._deployed = True
             if a.previous is None:
                 self.say(f"{a.variant}: deployed {a.revision[:12]}")
             else:
@@ -850,6 +882,8 @@ class LocalFleet:
         finally:
             node.progress.pop(revision, None)
         node.warm_failures.pop(revision, None)
+        # The node's last warm-up now succeeded: its failure is history (said above).
+        node.last_failure = None
         self.origin_bytes[(node.spec.name, revision)] += outcome.bytes_fetched
         node.views[revision] = CacheView("ready")
         if self.spec.cache.weights.pin:
@@ -880,7 +914,6 @@ class LocalFleet:
         elif a.reason == "scale_out":
             reason = StartReason.SCALE_OUT
         r = _Replica(rid, a.variant, a.revision, a.node, self._seq, reason, template=a.template)
-        self._deployed = True
         self.replicas[rid] = r
         self.starts_total += 1
         r.task = asyncio.create_task(self._run_replica(r), name=f"replica-{rid}")
@@ -928,7 +961,7 @@ class LocalFleet:
             ctx = StartContext(
                 reason=r.reason,
                 node_had_revision=node.views.get(r.revision, CacheView("absent")).state == "ready",
-                node_is_new=node.joined_late and not node.hosted_any,
+                node_is_new=_node_is_new(node),
                 same_replica_on_node_before=same_node_before,
             )
             node.hosted_any = True
@@ -1128,8 +1161,7 @@ class LocalFleet:
                 restart_count=r.restarts,
                 failure=failure,
             )
-            self.events.append(rec)
-            self.metrics.observe_start(rec)
+            self.events.append(rec)  # the hook exports it to self.metrics
         except ValueError as exc:
             self.say(f"could not record the start of {r.id}: {exc}")
 

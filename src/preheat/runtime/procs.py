@@ -3,6 +3,22 @@
 Children run in their own session (``start_new_session``) so a Ctrl-C in the terminal
 reaches only ``preheat up``, which then stops them in order (router last) instead of
 every process dying at once mid-request.
+
+Their own session also means nothing stops them when ``preheat up`` itself is killed
+(SIGKILL, OOM killer). On Linux each child therefore asks the kernel for a parent-death
+signal: it is started through a tiny launcher (``python -I -S -c LAUNCHER PPID ARGV...``)
+that calls ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` and then ``execvp``s the real command
+(the setting survives ``execve``). Why a launcher and not ``preexec_fn``: the fleet runs
+worker threads (store I/O, hashing) while it spawns, and code between ``fork`` and
+``exec`` in a threaded parent may deadlock on a lock another thread held at the fork
+(the import lock, malloc); ``preexec_fn`` also forces the slow fork path. The launcher
+is a fresh single-threaded process, so it may run anything. Race: if the parent died
+before ``prctl`` ran, no signal will ever come, so the launcher then checks that its
+parent is still the PID that spawned it and exits otherwise.
+
+Caveat: the kernel sends the signal when the *thread* that forked the child exits, so
+``spawn`` must run on the event loop's thread (it does; never call it via
+``to_thread``). The launcher costs one extra interpreter start (~20 ms) per child.
 """
 
 from __future__ import annotations
@@ -17,7 +33,30 @@ from pathlib import Path
 
 import aiohttp
 
-__all__ = ["Child", "free_port", "preheat_command", "spawn", "wait_http_ok"]
+__all__ = ["Child", "free_port", "launcher_argv", "preheat_command", "spawn", "wait_http_ok"]
+
+#: Runs in the child before the real command: parent-death signal, race check, exec.
+_LAUNCHER = """\
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+    sys.stderr.write(f"preheat launcher: prctl failed: {os.strerror(ctypes.get_errno())}\\n")
+if os.getppid() != parent:  # the parent died before prctl: no signal would come
+    sys.exit(f"preheat launcher: parent {parent} is gone; not starting {sys.argv[2]}")
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.exit(f"preheat launcher: cannot run {sys.argv[2]}: {exc}")
+"""
+
+
+def launcher_argv(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so the process gets SIGTERM when this process dies (Linux only;
+    elsewhere ``argv`` unchanged)."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
 
 
 def free_port() -> int:
@@ -71,12 +110,13 @@ class Child:
 
 
 async def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> Child:
-    """Start ``argv`` with stdout and stderr appended to ``log``."""
+    """Start ``argv`` with stdout and stderr appended to ``log``, in a session of its
+    own, and (on Linux) stopped with SIGTERM when this process dies."""
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *launcher_argv(argv),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=fd,
             stderr=fd,

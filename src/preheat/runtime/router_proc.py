@@ -3,7 +3,9 @@
 ``preheat router serve --port P --config FILE --admin-token T`` starts with every
 variant of the endpoint and no instances; the fleet adds an instance once its replica is
 healthy and answered a first request, drains it before stopping it, and patches the
-strategy when the spec changes. Every call carries the bearer token.
+strategy when the spec changes. Every call carries the bearer token. With
+``decision_log`` the router also appends a sampled ``RouteDecision`` per request
+(``--decision-log``/``--decision-sample``): predicted vs engine-reported cached tokens.
 """
 
 from __future__ import annotations
@@ -48,9 +50,20 @@ def router_config(spec: EndpointSpec) -> dict[str, Any]:
 class RouterProcess:
     """A running ``preheat router serve`` and a client for its admin API."""
 
-    def __init__(self, state_dir: Path, spec: EndpointSpec, port: int | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        spec: EndpointSpec,
+        port: int | None = None,
+        *,
+        decision_log: Path | None = None,
+        decision_sample: float = 1.0,
+    ) -> None:
         self.state_dir = state_dir
         self.port = port or free_port()
+        #: Where the router appends sampled ``RouteDecision`` JSONL (``None``: no log).
+        self.decision_log = decision_log
+        self.decision_sample = decision_sample
         self.token = secrets.token_urlsafe(24)
         self.spec = spec
         self.child: Child | None = None
@@ -76,6 +89,13 @@ class RouterProcess:
             "--admin-token",
             self.token,
         )
+        if self.decision_log is not None:
+            argv += [
+                "--decision-log",
+                str(self.decision_log),
+                "--decision-sample",
+                repr(self.decision_sample),
+            ]
         self.child = await spawn(argv, self.state_dir / "logs" / "router.log")
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         if not await wait_http_ok(

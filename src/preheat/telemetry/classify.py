@@ -12,8 +12,10 @@ Inputs (``StartContext``, filled in by the controller when it schedules the star
   started again), ``rollout`` (a replica of a new revision or image during a version
   change), ``node_loss`` (replacing a replica whose node failed).
 - ``same_replica_on_node_before``: this replica slot ran on this very node before.
-- ``node_is_new``: the node joined the cluster after the endpoint was first deployed and
-  has not hosted a replica of the endpoint yet.
+- ``node_is_new``: the node joined the cluster (``preheat node add``) while the endpoint
+  ran, after its first replica became healthy or while the first replicas were still
+  starting, and has not hosted a replica of the endpoint yet. Nodes listed in the
+  cluster file are never new: they were there when the deployment was planned.
 - ``node_had_revision``: the node's store held the revision's snapshot when the start was
   scheduled (the weights-source label records what actually happened; this is what the
   controller expected).

@@ -24,7 +24,9 @@ Metrics (all prefixed ``preheat_``):
   ``node_snapshot_leases{node,revision}``, ``node_snapshot_priority{node,revision}``,
   ``node_snapshot_last_use_timestamp_seconds{node,revision}``,
   ``node_revision_ready{node,revision}`` (1 ready, 0 not), ``node_eviction_candidates{node}``,
-  ``node_warmup_failures{node}`` (1 while the last warm-up of the node failed)
+  ``node_warmup_failures{node}`` (1 while the last warm-up of the node failed),
+  ``node_last_warmup_failure_timestamp_seconds{node,revision,reason}`` (when it failed,
+  and why; one series per failing node, the reason cut to 200 characters)
 
 ``observe_route`` is on every routed request, so its counters are plain integers under one
 lock, turned into metric families at scrape time (see ``_RouteCollector``).
@@ -123,6 +125,11 @@ class _InventoryCollector(Collector):
             "1 while the last warm-up on the node failed (reason in the inventory), else 0",
             labels=["node"],
         )
+        failure = GaugeMetricFamily(
+            "preheat_node_last_warmup_failure_timestamp_seconds",
+            "When the node's last warm-up failed (epoch seconds); the reason is a label",
+            labels=["node", "revision", "reason"],
+        )
         snap_labels = ["node", "revision"]
         size = GaugeMetricFamily("preheat_node_snapshot_bytes", "Snapshot size", labels=snap_labels)
         pinned = GaugeMetricFamily(
@@ -150,6 +157,9 @@ class _InventoryCollector(Collector):
             count.add_metric([node.node], len(node.snapshots))
             evict.add_metric([node.node], len(node.eviction_candidates))
             failing.add_metric([node.node], 0 if node.last_warmup_failure is None else 1)
+            if node.last_warmup_failure is not None:
+                f = node.last_warmup_failure
+                failure.add_metric([node.node, f.revision, f.reason[:200]], f.at)
             for s in node.snapshots:
                 key = [node.node, s.revision]
                 size.add_metric(key, s.size_bytes)
@@ -160,7 +170,8 @@ class _InventoryCollector(Collector):
                     last_use.add_metric(key, s.last_use)
             for revision, is_ready in node.ready.items():
                 ready.add_metric([node.node, revision], 1 if is_ready else 0)
-        yield from (free, used, count, evict, failing, size, pinned, leases, prio, last_use, ready)
+        yield from (free, used, count, evict, failing, failure)
+        yield from (size, pinned, leases, prio, last_use, ready)
 
 
 class _RouteStats:
