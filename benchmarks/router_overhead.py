@@ -48,8 +48,14 @@ def bodies(n: int, seed: int) -> list[bytes]:
     ]
 
 
-async def measure(urls: list[str], data: list[bytes], concurrency: int) -> list[float]:
-    """Per-request latency in seconds; ``urls`` are used round robin."""
+ERRORS: dict[str, int] = {}
+
+
+async def measure(
+    urls: list[str], data: list[bytes], concurrency: int, name: str = ""
+) -> list[float]:
+    """Per-request latency in seconds of the answers with status 200 (others are counted
+    in ``ERRORS[name]``: a peer's circuit breaker may answer 503); ``urls`` round robin."""
     out: list[float] = []
     it = iter(enumerate(data))
     conn = aiohttp.TCPConnector(limit=0)
@@ -68,8 +74,9 @@ async def measure(urls: list[str], data: list[bytes], concurrency: int) -> list[
                     urls[i % len(urls)] + "/v1/completions", data=body, headers=headers
                 ) as r:
                     await r.read()
-                    if r.status != 200:
-                        raise RuntimeError(f"status {r.status}")
+                if r.status != 200:
+                    ERRORS[f"{name} c={concurrency}"] = ERRORS.get(f"{name} c={concurrency}", 0) + 1
+                    continue
                 out.append(time.perf_counter() - t0)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -113,7 +120,7 @@ def main() -> None:
             res: dict[str, list[float]] = {"direct": asyncio.run(measure(backends, data, conc))}
             for name in args.routers.split(","):
                 with router(name, backends, logdir) as r:
-                    res[name] = asyncio.run(measure([r.url], data, conc))
+                    res[name] = asyncio.run(measure([r.url], data, conc, name))
             results[conc] = res
     for conc, res in results.items():
         d50, d99 = pct(res["direct"], 0.5), pct(res["direct"], 0.99)
@@ -144,6 +151,8 @@ def main() -> None:
                 f"  c={conc}: {ours} added p50 {a * 1e3:.3f} ms = {a / b:.2f}x {peer}; "
                 f"added p99 {a99 * 1e3:.3f} ms = {a99 / b99 if b99 > 0 else float('nan'):.2f}x"
             )
+    for what, count in ERRORS.items():
+        console.print(f"  {what}: {count} non-200 answers (left out of the latencies)")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import time
@@ -200,9 +201,15 @@ class Router:
         timeout = aiohttp.ClientTimeout(
             total=None, connect=cfg.connect_timeout_s, sock_read=cfg.upstream_timeout_s
         )
+        # One session for the router's life: an unbounded keep-alive pool (the policies
+        # bound the load per instance), no cookie jar (a proxy must not carry cookies
+        # between clients), bodies passed through compressed or not as they came.
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(
-            timeout=timeout, connector=connector, auto_decompress=False
+            timeout=timeout,
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._health_task = asyncio.create_task(self._health_loop(), name="router-health")
 
@@ -583,6 +590,10 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("router listening on http://%s:%d", host, port)
+    # Everything allocated so far lives as long as the router: keep it out of the cyclic
+    # GC's full collections, which would otherwise walk it while requests wait.
+    gc.collect()
+    gc.freeze()
     if ready is not None:
         await ready()
     try:
