@@ -18,7 +18,7 @@ parent is still the PID that spawned it and exits otherwise.
 
 Caveat: the kernel sends the signal when the *thread* that forked the child exits, so
 ``spawn`` must run on the event loop's thread (it does; never call it via
-``to_thread``). The launcher costs one extra interpreter start (~20 ms) per child.
+``to_thread``). The launcher costs one extra interpreter start per child (about 15 ms here).
 """
 
 from __future__ import annotations
