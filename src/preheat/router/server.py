@@ -20,9 +20,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +103,7 @@ class Router:
         self.admin_token = admin_token
         self.decision_log = decision_log
         self.rng = rng or random.Random()
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(in_flight_source=self._in_flight)
         self.variants: dict[str, VariantRuntime] = {}
         self.config = config
         self._session: aiohttp.ClientSession | None = None
@@ -175,6 +175,13 @@ class Router:
         self.metrics.child(self.metrics.healthy, up.variant, up.id).set(
             1 if up.state == "healthy" else 0
         )
+
+    def _in_flight(self) -> list[tuple[str, str, int]]:
+        return [
+            (name, u.id, u.in_flight)
+            for name, rt in self.variants.items()
+            for u in rt.upstreams.values()
+        ]
 
     def find(self, url: str) -> Upstream | None:
         for rt in self.variants.values():
@@ -300,7 +307,7 @@ class Router:
             rt = self._variant_for(request)
         except ConfigError as exc:
             return openai_error(400, str(exc), "invalid_request_error")
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
         rreq = RouteRequest(request_id=request_id, body=body, hint=request.headers.get(HINT_HEADER))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers["X-Request-Id"] = request_id
@@ -345,15 +352,11 @@ class Router:
         m = self.metrics
         vname = rt.config.name
         strategy = rt.config.strategy
-        m.child(m.decisions, vname, strategy, choice.outcome).inc()
-        m.child(m.decision_seconds, vname).observe(decision_us / 1e6)
-        m.child(m.requests, vname, up.id).inc()
-        gauge = m.child(m.in_flight, vname, up.id)
+        m.observe(vname, strategy, choice.outcome, up.id, decision_us)
         sampled = self.decision_log is not None and self.decision_log.sampled()
         usage: dict[str, Any] | None = None
         ok = False
         up.in_flight += 1
-        gauge.inc()
         rt.policy.on_sent(rreq, choice)
         extra = {"X-Preheat-Instance": up.id, "X-Preheat-Outcome": choice.outcome}
         try:
@@ -409,7 +412,6 @@ class Router:
                 )
         finally:
             up.in_flight -= 1
-            gauge.dec()
             cached = _cached_tokens(usage)
             rt.policy.on_done(rreq, choice, ok=ok, cached_tokens=cached)
             if sampled and self.decision_log is not None:
