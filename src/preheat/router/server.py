@@ -12,6 +12,13 @@ refuses the connection is marked unhealthy and the request is tried once more on
 another; one that sends nothing for ``upstream_timeout_s`` -> 504; one that dies
 mid-stream ends the client's stream with an ``error`` event and is marked unhealthy.
 Each response carries ``X-Preheat-Instance`` and ``X-Preheat-Outcome`` headers.
+
+Hot path (benchmarks/router_overhead.py): the body is read once and parsed with orjson;
+plain-HTTP instances are reached through the lean keep-alive client of ``upstream.py``
+(one write per request, no per-request timeout objects; https instances go through
+aiohttp); a non-streaming answer is read whole and returned as one ``web.Response``;
+counters are plain ints read at scrape time (``metrics.py``); no access log; uvloop;
+the start-up heap is frozen out of the cyclic GC.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +42,14 @@ from preheat.errors import ConfigError, NoHealthyInstance
 from preheat.router.config import RouterConfig, VariantConfig
 from preheat.router.metrics import RouterMetrics
 from preheat.router.policies import Choice, Policy, RouteRequest, make_policy
+from preheat.router.upstream import (
+    BadResponse,
+    ConnectFailed,
+    Disconnected,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+)
 from preheat.telemetry.routing import DecisionLog, RouteDecision
 
 log = logging.getLogger("preheat.router")
@@ -51,6 +66,7 @@ _HOP = {
     "upgrade",
     "proxy-authorization",
     "accept-encoding",
+    "expect",
 }
 STATES = ("healthy", "unhealthy", "draining")
 
@@ -107,6 +123,7 @@ class Router:
         self.variants: dict[str, VariantRuntime] = {}
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
         self._apply(config)
 
     # --- configuration --------------------------------------------------------------------
@@ -218,6 +235,9 @@ class Router:
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self._pool = UpstreamPool(
+            connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.upstream_timeout_s
+        )
         self._health_task = asyncio.create_task(self._health_loop(), name="router-health")
 
     async def stop(self, app: web.Application) -> None:
@@ -226,6 +246,8 @@ class Router:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._pool is not None:
+            await self._pool.close()
         if self._session is not None:
             await self._session.close()
         if self.decision_log is not None:
@@ -361,8 +383,9 @@ class Router:
         extra = {"X-Preheat-Instance": up.id, "X-Preheat-Outcome": choice.outcome}
         try:
             try:
-                resp = await self._send(up.id + request.path, raw, headers)
-            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+                resp = await self._send(up.id, request.path, raw, headers)
+            except (ConnectFailed, Disconnected) as exc:
+                # Refused, or hung up before answering on a fresh connection too.
                 m.child(m.upstream_errors, vname, up.id, "connect").inc()
                 log.warning("instance %s refused the request: %s", up.id, exc)
                 self.set_state(up, "unhealthy")
@@ -375,14 +398,14 @@ class Router:
                     "upstream_timeout",
                     extra,
                 )
-            except aiohttp.ClientError as exc:
+            except UpstreamError as exc:
                 m.child(m.upstream_errors, vname, up.id, "connect").inc()
                 self.set_state(up, "unhealthy")
                 return openai_error(502, f"upstream error: {exc}", "upstream_error", extra)
             async with resp:
                 if resp.status >= 500:
                     m.child(m.upstream_errors, vname, up.id, "status").inc()
-                ctype = resp.headers.get("Content-Type", "application/json")
+                ctype = resp.headers.get("content-type", "application/json")
                 if ctype.startswith("text/event-stream"):
                     out, usage, ok = await self._stream(
                         request, resp, ctype, extra, sampled, up, rt
@@ -398,7 +421,7 @@ class Router:
                         "upstream_timeout",
                         extra,
                     )
-                except aiohttp.ClientError as exc:
+                except UpstreamError as exc:
                     m.child(m.upstream_errors, vname, up.id, "stream").inc()
                     self.set_state(up, "unhealthy")
                     return openai_error(
@@ -433,25 +456,44 @@ class Router:
                     )
                 )
 
-    async def _send(self, url: str, raw: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        """POST once more on a fresh connection if a pooled keep-alive one was stale.
+    async def _send(
+        self, origin: str, path: str, raw: bytes, headers: dict[str, str]
+    ) -> UpstreamResponse | _AiohttpResponse:
+        """POST the body to an instance: plain-HTTP instances through the lean keep-alive
+        pool (``upstream.py``), https ones through aiohttp.
 
-        An instance may close an idle keep-alive connection just as we reuse it (seen with
-        llama-server): the write fails or the server hangs up before any response. That is
-        not the instance failing, so it gets a second try; a refused connection does not.
+        Both retry once on a fresh connection if a pooled keep-alive one was stale: an
+        instance may close an idle connection just as we reuse it (seen with
+        llama-server; uvicorn closes idle ones after 5 s), which is not the instance
+        failing. A refused connection is not retried here.
         """
+        pool = self._pool
+        if pool is not None and origin.startswith("http://"):
+            return await pool.post(origin, path, raw, headers)
+        url = origin + path
         try:
-            return await self.session.post(url, data=raw, headers=headers)
-        except aiohttp.ClientConnectorError:
+            try:
+                return _AiohttpResponse(await self.session.post(url, data=raw, headers=headers))
+            except TimeoutError:
+                raise
+            except aiohttp.ClientConnectorError:
+                raise
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                log.debug("retrying %s on a fresh connection after %r", url, exc)
+                return _AiohttpResponse(await self.session.post(url, data=raw, headers=headers))
+        except TimeoutError:
             raise
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectFailed(str(exc)) from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            log.debug("retrying %s on a fresh connection after %r", url, exc)
-            return await self.session.post(url, data=raw, headers=headers)
+            raise Disconnected(str(exc), reused=False, started=False) from exc
+        except aiohttp.ClientError as exc:
+            raise BadResponse(str(exc)) from exc
 
     async def _stream(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse | _AiohttpResponse,
         ctype: str,
         extra: dict[str, str],
         sampled: bool,
@@ -466,7 +508,7 @@ class Router:
         tail = b""
         ok = resp.status < 400
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.iter_any():
                 try:
                     await out.write(chunk)
                 except ConnectionError:
@@ -475,7 +517,7 @@ class Router:
                     return out, None, False
                 if sampled:
                     tail = (tail + chunk)[-8192:]
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
             self.metrics.child(self.metrics.upstream_errors, rt.config.name, up.id, kind).inc()
             log.warning("instance %s failed mid-stream: %r", up.id, exc)
@@ -523,6 +565,38 @@ class Router:
         return web.Response(
             body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
         )
+
+
+class _AiohttpResponse:
+    """An aiohttp response behind ``UpstreamResponse``'s interface (https instances)."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.headers.items()}
+
+    async def __aenter__(self) -> _AiohttpResponse:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.resp.release()
+
+    async def read(self) -> bytes:
+        try:
+            return await self.resp.read()
+        except TimeoutError:
+            raise
+        except aiohttp.ClientError as exc:
+            raise Disconnected(str(exc), reused=False, started=True) from exc
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.resp.content.iter_any():
+                yield chunk
+        except TimeoutError:
+            raise
+        except aiohttp.ClientError as exc:
+            raise Disconnected(str(exc), reused=False, started=True) from exc
 
 
 def _int(v: Any) -> int | None:
