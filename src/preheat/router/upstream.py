@@ -360,7 +360,7 @@ class UpstreamPool:
         hostport = self._address(origin)[2]
         head = [b"POST ", path.encode("ascii", "strict"), b" HTTP/1.1\r\nHost: ", hostport]
         for k, v in headers.items():
-            head.append(f"\r\n{k}: {v}".encode("latin-1"))
+            head.append(f"\r\n{k}: {v}".encode("utf-8", "surrogateescape"))
         head.append(f"\r\nContent-Length: {len(body)}\r\n\r\n".encode("ascii"))
         head.append(body)
         reused = conn.reused
