@@ -77,7 +77,10 @@ async def test_content_length_bodies_reuse_one_connection() -> None:
         pool = UpstreamPool(connect_timeout=2, read_timeout=2)
         for _ in range(3):
             async with await pool.post(
-                origin, "/v1/completions", b'{"prompt":"hi"}', {"X-Request-Id": "r1"}
+                origin,
+                "/v1/completions",
+                b'{"prompt":"hi"}',
+                {"X-Request-Id": "r1", "X-Note": "h\u00e9llo"},
             ) as resp:
                 assert resp.status == 200
                 assert resp.headers["content-type"] == "application/json"
@@ -86,6 +89,7 @@ async def test_content_length_bodies_reuse_one_connection() -> None:
     assert conns[0] == 1
     assert seen[0].startswith(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:")
     assert b"\r\nX-Request-Id: r1\r\n" in seen[0]
+    assert "X-Note: h\u00e9llo".encode() in seen[0]
     assert seen[0].endswith(b'Content-Length: 15\r\n\r\n{"prompt":"hi"}')
 
 
