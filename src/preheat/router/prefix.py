@@ -344,7 +344,8 @@ class PrefixHasher:
             pos = end
             if ci == ncuts:
                 break
-        return PrefixKey(chain=tuple(out), prefix_chars=n, prompt_chars=total, cuts=tuple(cuts))
+        # Positional: a NamedTuple built with keywords costs twice as much.
+        return PrefixKey(tuple(out), n, total, False, tuple(cuts))
 
     def hint(self, hint: str, *, prompt_chars: int = 0) -> PrefixKey:
         """The key for a caller-supplied prefix id (``X-Preheat-Prefix-Id``)."""

@@ -308,15 +308,17 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
 
         chosen = instances[pick]
         matched = depth if pick in warm else 0
+        # Positional (instance, outcome, rank, matched_blocks, prefix_blocks,
+        # predicted_cached_tokens, prompt_chars, state): half the cost of keywords.
         return Choice(
-            instance=chosen,
-            outcome=outcome,
-            rank=rank,
-            matched_blocks=matched,
-            prefix_blocks=len(chain),
-            predicted_cached_tokens=(pk.cuts[matched - 1] if matched else 0) // CHARS_PER_TOKEN,
-            prompt_chars=pk.prompt_chars,
-            state=pk,
+            chosen,
+            outcome,
+            rank,
+            matched,
+            len(chain),
+            (pk.cuts[matched - 1] if matched else 0) // CHARS_PER_TOKEN,
+            pk.prompt_chars,
+            pk,
         )
 
     def _choose_hashed(
