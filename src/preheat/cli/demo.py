@@ -92,7 +92,9 @@ def _spec(name: str, source: str, *, cache: bool, strategy: str, replicas_max: i
         "model": {"source": source},
         "engine": {"simulated": {"profile": PROFILE, "time_scale": 0.1, "kv_blocks": 1000}},
         "replicas": {"min": 1, "max": replicas_max},
-        "routing": {"strategy": strategy, "prefix_length": 2048, "concurrency_threshold": 8},
+        # The prefix covers a whole document (8,000 characters) plus the start of the
+        # question, so the router's predicted cached tokens can match what engines report.
+        "routing": {"strategy": strategy, "prefix_length": 9000, "concurrency_threshold": 8},
     }
     if cache:
         doc["modelCacheConfig"] = {
