@@ -665,7 +665,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("router listening on http://%s:%d", host, port)
+    bound = [a for a in runner.addresses if isinstance(a, tuple)]
+    log.info("router listening on http://%s:%d", host, bound[0][1] if bound else port)
     # Everything allocated so far lives as long as the router: keep it out of the cyclic
     # GC's full collections, which would otherwise walk it while requests wait.
     gc.collect()
