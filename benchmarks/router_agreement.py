@@ -28,7 +28,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from preheat.bench.workloads import rag
+from preheat.bench.workloads import WORKLOADS, rag
 from preheat.router.policies import Instance, PolicyParams, PrefixAwarePolicy, RouteRequest
 from preheat.testing.routers import (
     RouterProcess,
@@ -41,16 +41,24 @@ SALT = b"agreement-benchmark-salt-0123456789"
 
 
 async def feed(url: str, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, str]:
-    """Send bodies in order; returns request id -> backend name that answered."""
+    """Send bodies in order (a chat turn only after its previous turn was answered);
+    returns request id -> backend name that answered."""
     out: dict[str, str] = {}
+    done = {b["rid"]: asyncio.Event() for b in bodies}
     it = iter(bodies)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
         async def worker() -> None:
             for body in it:
-                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                body = dict(body)
+                path = body.pop("path")
+                after = body.pop("after")
+                if after:
+                    await done[after].wait()
+                async with s.post(url + path, json=body) as r:
                     doc = await r.json()
                     out[body["rid"]] = doc.get("backend", f"status {r.status}")
+                done[body["rid"]].set()
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return out
@@ -68,7 +76,7 @@ def replicas(kind: str, n: int, backends: list[str]) -> Iterator[list[RouterProc
         rs = []
         for _ in range(n):
             if kind.startswith("preheat"):
-                placement = "hash" if kind.endswith("hash") else "learned"
+                placement = kind.partition("-")[2] or "learned"
                 r = launch_router(
                     backends=backends,
                     strategy="prefix_aware",
@@ -129,28 +137,48 @@ def main() -> None:
     ap.add_argument("--backends", type=int, default=7)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--service-ms", type=float, default=20.0)
-    ap.add_argument("--peers", default="sglang,vllm")
+    ap.add_argument("--peers", default="sglang,vllm", help="peer routers ('' for none)")
+    ap.add_argument(
+        "--kinds",
+        default="preheat,preheat-hash,preheat-hybrid",
+        help="preheat placements: preheat (learned), preheat-hash, preheat-hybrid",
+    )
+    ap.add_argument(
+        "--workload",
+        default="rag",
+        choices=sorted(WORKLOADS),
+        help="rag: 40 documents of 3,000 chars; chat: multi-turn (a turn waits for the "
+        "previous one); templated; unique",
+    )
+    ap.add_argument("--no-churn", action="store_true", help="skip the in-process churn part")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     console = Console()
     console.print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
-    items = rag(args.requests, documents=40, doc_chars=3000, seed=7)
+    if args.workload == "rag":
+        items = rag(args.requests, documents=40, doc_chars=3000, seed=7)
+    else:
+        items = WORKLOADS[args.workload](args.requests, seed=7)
     bodies = []
     for it in items:
         b = dict(it.body)
         b["model"] = "fake"
         b["rid"] = it.request_id
+        b["path"] = it.path
+        b["after"] = it.after
         b["preheat_test"] = {"hang_s": args.service_ms / 1000}
         bodies.append(b)
     results: dict[str, Any] = {"agreement": {}, "churn": {}}
     table = Table(
-        title=f"{args.replicas} replicas, {args.requests} RAG requests, {args.backends} backends"
+        title=f"{args.replicas} replicas, {args.requests} {args.workload} requests, "
+        f"{args.backends} backends"
     )
     for col in ("router", "concurrency", "all replicas agree"):
         table.add_column(col, justify="right")
     with contextlib.ExitStack() as stack:
         backends = [stack.enter_context(start_fast_backend()).url for _ in range(args.backends)]
-        for kind in ["preheat", "preheat-hash", *[p for p in args.peers.split(",") if p]]:
+        kinds = [k for k in args.kinds.split(",") if k]
+        for kind in [*kinds, *[p for p in args.peers.split(",") if p]]:
             for conc in (int(c) for c in args.concurrency.split(",")):
                 with replicas(kind, args.replicas, backends) as rs:
                     choices = asyncio.run(feed_all([r.url for r in rs], bodies, conc))
@@ -161,7 +189,7 @@ def main() -> None:
     t2 = Table(title="churn: share of prefixes re-homed (target <= 1.1/N)")
     for col in ("N", "one leaves", "one joins", "1/N", "1.1/N"):
         t2.add_column(col, justify="right")
-    for n in (4, 7, 16):
+    for n in () if args.no_churn else (4, 7, 16):
         left, joined = churn(n, 800, 3)
         results["churn"][n] = {"leave": left, "join": joined}
         t2.add_row(str(n), f"{left:.3f}", f"{joined:.3f}", f"{1 / n:.3f}", f"{1.1 / n:.3f}")

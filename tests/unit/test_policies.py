@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import tracemalloc
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 
-from preheat.bench.workloads import chat
+from preheat.bench.workloads import chat, rag, templated, unique
 from preheat.errors import ConfigError, NoHealthyInstance
 from preheat.router.policies import (
     POLICIES,
@@ -238,5 +239,80 @@ def test_replicas_agree_on_the_same_stream_and_hash_placement_in_any_order() -> 
     shuffled = same[:]
     random.Random(9).shuffle(shuffled)
     assert run("hash", same) == run("hash", shuffled)
-    with pytest.raises(ConfigError, match="placement 'sticky'"):
+    with pytest.raises(
+        ConfigError, match=r"placement .sticky. is not one of learned, hash, hybrid"
+    ):
         PolicyParams(placement="sticky")
+
+
+def _hybrid_run(items, order, *, seed, placement="hybrid"):  # type: ignore[no-untyped-def]
+    """One replica: routes ``items`` in ``order``; in-flight counts are what this replica's
+    own concurrent requests left open (different in every replica), below the cap."""
+    p = PrefixAwarePolicy(PolicyParams(placement=placement), salt=SALT)
+    fleet = _fleet(7)
+    noise = random.Random(seed)
+    out = {}
+    for k in order:
+        for inst in fleet:
+            inst.in_flight = noise.randrange(8)
+        req = RouteRequest(items[k].request_id, body=items[k].body)
+        c = p.choose(req, fleet)
+        p.on_sent(req, c)
+        out[req.request_id] = c.instance.id
+    return out
+
+
+def test_hybrid_replicas_agree_whatever_their_in_flight_counts() -> None:
+    """Four hybrid replicas fed the same stream agree on every request although each sees
+    different in-flight counts (as concurrent clients leave them); the learned placement,
+    which bounds relative in-flight load, does not."""
+    for items in (rag(500, seed=2), chat(500, seed=2), templated(500, seed=2)):
+        order = list(range(len(items)))
+        runs = [_hybrid_run(items, order, seed=s) for s in range(4)]
+        assert all(r == runs[0] for r in runs[1:])
+        learned = [_hybrid_run(items, order, seed=s, placement="learned") for s in range(2)]
+        assert learned[0] != learned[1]
+
+
+def test_hybrid_balance_bound_and_document_affinity() -> None:
+    """No instance above 1.10 x the mean share on hot (Zipf) documents, templates, chat
+    and unique prompts; a document or template stays on few instances."""
+    for items in (rag(800, seed=1), templated(800, seed=1), chat(800, seed=1), unique(700)):
+        out = _hybrid_run(items, list(range(len(items))), seed=0)
+        shares = Counter(out.values())
+        assert max(shares.values()) <= 1.10 * len(items) / 7, (items[0].group, shares)
+        groups: dict[str, set[str]] = {}
+        for it in items:
+            groups.setdefault(it.group, set()).add(out[it.request_id])
+        per_group = sum(len(v) for v in groups.values()) / len(groups)
+        assert per_group <= 1.5 if items[0].group.startswith("doc") else True
+    # A hot template (Zipf s=1.2: the first has ~30 % of requests) owns several instances.
+    items = templated(800, seed=1)
+    out = _hybrid_run(items, list(range(len(items))), seed=0)
+    hot = {out[it.request_id] for it in items if it.group == "tpl0"}
+    assert 2 <= len(hot) <= 7
+
+
+def test_hybrid_chat_turns_stick_to_the_first_turn() -> None:
+    """Every turn of a conversation goes where its first turn went (the first user turn
+    is the home key; later turns follow the index), for nearly all conversations."""
+    items = chat(700, seed=3)
+    out = _hybrid_run(items, list(range(len(items))), seed=0)
+    homes: dict[str, list[str]] = {}
+    for it in items:
+        homes.setdefault(it.group, []).append(out[it.request_id])
+    # A turn moves only when its instance is above the share bound (then the rest of the
+    # conversation follows it to the new instance).
+    stays = sum(h.count(h[0]) for h in homes.values())
+    assert stays >= 0.85 * len(items)
+    moves = sum(sum(1 for x, y in pairwise(h) if x != y) for h in homes.values())
+    assert moves <= 0.12 * len(items)
+    # Two fresh replicas agree on a conversation's home from its first turn alone.
+    first = [it for it in items if it.after is None][:20]
+    a = PrefixAwarePolicy(PolicyParams(placement="hybrid"), salt=SALT)
+    b = PrefixAwarePolicy(PolicyParams(placement="hybrid"), salt=SALT)
+    fleet = _fleet(7)
+    for it in first:
+        req = RouteRequest(it.request_id, body=it.body)
+        assert a.choose(req, fleet).instance.id == b.choose(req, fleet).instance.id
+    assert PolicyParams(placement="hybrid").placement == "hybrid"

@@ -67,11 +67,14 @@ def router() -> None:
 )
 @click.option(
     "--placement",
-    type=click.Choice(["learned", "hash"]),
+    type=click.Choice(["learned", "hash", "hybrid"]),
     default="learned",
     show_default=True,
-    help="prefix_aware: learned (load-aware, best hit rate and balance) or hash "
-    "(stateless rendezvous; replicas agree whatever order they see requests in).",
+    help="prefix_aware: learned (load-aware, best hit rate and balance), hash "
+    "(stateless rendezvous; replicas agree whatever order they see requests in) or "
+    "hybrid (stable home keys, hot prefixes spread over several instances; replicas "
+    "agree whatever their in-flight counts unless they see requests in a different "
+    "order; near learned's hit rate and balance).",
 )
 @click.option(
     "--config",

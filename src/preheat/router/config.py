@@ -14,7 +14,7 @@ File format (YAML or JSON; see docs/routing.md)::
         max_holders: 8              # instances remembered per learned block
         balance_window: 1000        # decisions over which request shares are balanced
         load_weight: 1.0            # excess load (vs mean) that offsets a cached share
-        placement: learned          # learned | hash (stateless; replicas agree in any order)
+        placement: learned          # learned | hash (stateless) | hybrid (agree; see docs)
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504
     connect_timeout_s: 5

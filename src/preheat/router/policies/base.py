@@ -22,6 +22,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from preheat.errors import ConfigError
 from preheat.router.prefix import check_prefix_length
 
+PLACEMENTS = ("learned", "hash", "hybrid")
 OUTCOMES = ("affinity", "spill", "fallback", "random", "least_outstanding", "hint")
 
 
@@ -92,8 +93,10 @@ class PolicyParams:
     balance_window: decisions over which request shares are balanced (decay 1/window).
     load_weight: how much an instance's excess load (relative to the mean) offsets the
         share of the prompt it holds cached (0-100; 1 trades them one for one).
-    placement: ``learned`` (load-aware, learned holders) or ``hash`` (stateless
-        rendezvous with the in-flight bound; replicas agree in any order).
+    placement: ``learned`` (load-aware, learned holders), ``hash`` (stateless
+        rendezvous with the in-flight bound; replicas agree in any order) or ``hybrid``
+        (stable home keys, hot homes spread, share bound; replicas agree whatever their
+        in-flight counts when they see the same order).
     """
 
     prefix_length: int = 8192
@@ -123,8 +126,8 @@ class PolicyParams:
         w = self.balance_window
         if isinstance(w, bool) or not isinstance(w, int) or not 10 <= w <= 1_000_000:
             raise ConfigError(f"balance_window {w!r} is outside 10-1000000 decisions")
-        if self.placement not in ("learned", "hash"):
-            raise ConfigError(f"placement {self.placement!r} is neither 'learned' nor 'hash'")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
         lw = self.load_weight
         if isinstance(lw, bool) or not isinstance(lw, int | float) or not 0 <= lw <= 100:
             raise ConfigError(f"load_weight {lw!r} is outside 0-100; 1 is the default")

@@ -57,13 +57,45 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
   (SageMaker's rule). It keeps no state and reads no relative load, so replicas agree
   whatever order they see requests in, at the cost of balance (a hot prefix stays on
   one instance until the cap) and of prompts that outgrow ``prefix_length``.
+* ``placement: hybrid`` replaces steps 2-5 by rules that read no in-flight count below
+  ``concurrency_threshold`` and place nothing by "least loaded":
+
+  a. **Home key**: the chain hash at the first cut at least ``HOME_CHARS`` (1,024) into
+     the first turn (the first message that is not a system/developer message, or the
+     whole completion prompt), or at that turn's end if it is shorter: a conversation's
+     first user turn (every later turn repeats it), a RAG document's first block, a
+     template's first block.
+  b. **Hot homes own k instances**: with ``s`` the home's share of recent requests
+     (decayed like the counts of step 2), it owns the top ``k = ceil(HOT_SPREAD * s *
+     n)`` (``HOT_SPREAD`` = 2) of its rendezvous order; a request picks among them by
+     its own key's rendezvous score. ``s`` comes from the request stream alone.
+  c. **Follow**: if the learned index knows a block at or past the home block (or the
+     end of the first turn: a chat's earlier turn), its holders (with the hot top k)
+     come first, ties by the request key; a conversation that once moved stays moved.
+  d. **Share bound, spill along the home's order**: the first candidate whose recent
+     count is below ``mean + WARM_MARGIN * balance_epsilon * max(mean, LOAD_FLOOR)``
+     (``WARM_MARGIN`` = 0.8: the bound is on decayed counts) takes it; a cold home
+     (never seen) uses ``mean + 1`` instead, since it loses nothing by moving, so cold
+     traffic does the balancing. Then any instance under ``concurrency_threshold``,
+     then the least loaded (``fallback``).
+
+  Replicas agree whatever in-flight counts they see (every input is the stream and the
+  decisions made on it); they diverge only when they see requests in a different order
+  near a share-bound decision, and a diverged decision shifts later counts, so
+  divergence compounds: in process, 1 % of adjacent RAG requests swapped leaves 85 %
+  agreement. Measured (docs/benchmarks.md, Router 3-4): 4 router processes agree on
+  100 % of RAG and templated requests at concurrency 8 but only 39-64 % of multi-turn
+  chat (a turn waits for its previous answer, so replicas see turns in different
+  orders and a conversation's first turn decides all its turns).
 * ``LOAD_FLOOR`` = 10 requests, ``INFLIGHT_SLACK`` = 1 request: constants above.
 
 Every replica that sees the same requests in the same order with the same salt, instance
 list and in-flight counts makes the same choices without talking to the others. The
 learned placement is order-sensitive, though: replicas that see requests in a slightly
 different order (concurrent clients, a load balancer in front) drift apart; use
-``placement: hash`` where agreement matters more than balance. No prompt text is kept:
+``placement: hybrid`` (agreement on document and template traffic with the
+learned placement's hit rate and balance) or ``placement: hash`` (agreement in any order,
+at the cost of balance and of chat hit rate). No prompt text is kept:
 the index holds 64-bit keyed hashes and instance ids only.
 """
 
@@ -72,7 +104,7 @@ from __future__ import annotations
 import random as _random
 from bisect import insort
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from math import ceil
 
 from preheat.errors import NoHealthyInstance
@@ -89,6 +121,14 @@ from preheat.router.prefix import (
 _MUL = SCORE_MULTIPLIER
 LOAD_FLOOR = 10.0
 INFLIGHT_SLACK = 1
+# hybrid: the home key is the first cut at least this far into the first turn.
+HOME_CHARS = 1024
+# hybrid: a home with request share s owns the top ceil(HOT_SPREAD * s * n) instances.
+HOT_SPREAD = 2.0
+# hybrid: a known prefix may exceed the mean by this part of ``balance_epsilon`` (the
+# bound is on decayed counts; the margin keeps plain shares within 1 + epsilon).
+WARM_MARGIN = 0.8
+_PREAMBLE_ROLES = ("system", "developer")
 _INF = float("inf")
 
 
@@ -169,21 +209,29 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._order: list[int] = []
         self._last: Sequence[InstT] | None = None
         self._g = 1.0
+        # hybrid: decayed request counts per home key (insertion-ordered dict as an LRU).
+        self._homes: dict[int, float] = {}
 
     def key(self, request: RouteRequest) -> PrefixKey:
         """The request's prefix key (hint, text or body; see ``RouteRequest``)."""
+        return self._key(request)[0]
+
+    def _key(self, request: RouteRequest) -> tuple[PrefixKey, int, int]:
+        """The prefix key, and where the first turn (the first message that is not a
+        system or developer message, or the whole prompt) starts and ends."""
         body = request.body
         if request.hint:
             n = len(request.text) if request.text is not None else 0
-            return self.hasher.hint(request.hint, prompt_chars=n)
+            return self.hasher.hint(request.hint, prompt_chars=n), 0, 0
         if request.text is not None:
-            return self.hasher.chain(request.text, self.params.prefix_length)
+            n = len(request.text)
+            return self.hasher.chain(request.text, self.params.prefix_length), 0, n
         if body is None:
             raise ValueError("a RouteRequest needs a body, a text or a hint")
         model = body.get("model")
         salt = body.get("cache_salt")
         parts, ends, total = canonical_parts(body)
-        return self.hasher.chain_parts(
+        pk = self.hasher.chain_parts(
             parts,
             total,
             self.params.prefix_length,
@@ -191,6 +239,17 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             model=model if isinstance(model, str) else None,
             cache_salt=salt if isinstance(salt, str) else None,
         )
+        start, end = 0, total
+        msgs = body.get("messages") if self.params.placement == "hybrid" else None
+        if isinstance(msgs, list) and ends:
+            # ends: [fields end,] then one end per message.
+            off = len(ends) - len(msgs)
+            for i, m in enumerate(msgs):
+                if isinstance(m, Mapping) and m.get("role") not in _PREAMBLE_ROLES:
+                    end = ends[off + i] if off + i < len(ends) else total
+                    start = ends[off + i - 1] if off + i >= 1 else 0
+                    break
+        return pk, start, end
 
     def _sync(self, instances: Sequence[InstT]) -> None:
         """Align seeds, positions and recent counts with the caller's instance list.
@@ -225,7 +284,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             raise NoHealthyInstance("no instance can take the request")
         p = self.params
         eps = p.balance_epsilon
-        pk = self.key(request)
+        pk, fstart, fend = self._key(request)
         chain = pk.chain
         self._sync(instances)
         seeds = self._seed_list
@@ -235,6 +294,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         loads = [i.in_flight for i in instances]
         if p.placement == "hash":
             return self._choose_hashed(pk, instances, loads, seeds)
+        if p.placement == "hybrid":
+            return self._choose_hybrid(pk, fstart, fend, instances, loads, seeds)
         # 2. bounds: in-flight (bounded-load hashing + slack) and recent request counts.
         limit = min(
             ceil((1.0 + eps) * (sum(loads) + 1) / n) + INFLIGHT_SLACK, p.concurrency_threshold
@@ -350,12 +411,114 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             state=None,
         )
 
+    def _choose_hybrid(
+        self,
+        pk: PrefixKey,
+        fstart: int,
+        fend: int,
+        instances: Sequence[InstT],
+        loads: list[int],
+        seeds: list[int],
+    ) -> Choice[InstT]:
+        """``placement: hybrid``: the rendezvous order of a stable home key, a hot home
+        spread over the top ``k`` of its order, the share bound, spill along the order.
+        Reads only the request stream's own statistics and the hard in-flight cap, so
+        replicas that see the same stream agree (see the module header)."""
+        p = self.params
+        n = len(instances)
+        g = self._g
+        recent = self._rl
+        chain = pk.chain
+        cuts = pk.cuts
+        hd = len(chain) - 1
+        if not pk.hinted and hd > 0:
+            t = min(fstart + HOME_CHARS, fend)
+            for i, c in enumerate(cuts):
+                if c >= t:
+                    hd = i
+                    break
+        home = chain[hd]
+        scores = _scores(home, seeds)
+        ranked = sorted(range(n), key=scores.__getitem__, reverse=True)
+        total = sum(recent)
+        seen = self._homes.get(home, 0.0)
+        share = seen / max(total, LOAD_FLOOR * n * g)
+        k = min(n, max(1, ceil(share * n * HOT_SPREAD)))
+        rk = pk.key
+        if k > 1:
+            top = sorted(ranked[:k], key=lambda j: ((rk ^ seeds[j]) * _MUL) & MASK64, reverse=True)
+            ranked = top + ranked[k:]
+        # Follow what the index knows at or past the home block: where earlier prompts
+        # through it went (a chat's earlier turns, a document's holders), plus a hot
+        # home's top k; ties by the request's own key.
+        depth = 0
+        if not pk.hinted:
+            depth, holders = self.index.longest(chain)
+            if depth and (depth > hd or cuts[depth - 1] >= fend):
+                pos = self._pos
+                cand = {pos[h] for h in holders if h in pos}
+                if cand:
+                    if k > 1:
+                        cand.update(ranked[:k])
+                    follow = sorted(
+                        cand, key=lambda j: ((rk ^ seeds[j]) * _MUL) & MASK64, reverse=True
+                    )
+                    ranked = follow + [j for j in ranked if j not in cand]
+                    k = len(follow)
+                    hd = depth - 1
+            else:
+                depth = 0
+        limit = p.concurrency_threshold
+        mean = total / n
+        if seen or depth:
+            share_cap = mean + p.balance_epsilon * max(mean, LOAD_FLOOR * g) * WARM_MARGIN
+        else:
+            # A cold prefix loses nothing by moving: it balances (at most the mean + 1).
+            share_cap = mean + g
+        pick = -1
+        rank = 0
+        for r, j in enumerate(ranked):
+            if loads[j] < limit and recent[j] < share_cap:
+                pick, rank = j, r
+                break
+        if pick < 0:
+            for r, j in enumerate(ranked):
+                if loads[j] < limit:
+                    pick, rank = j, r
+                    break
+        if pick >= 0:
+            outcome = ("hint" if pk.hinted else "affinity") if rank < k else "spill"
+        else:
+            least = min(loads)
+            pick = next(j for j in ranked if loads[j] == least)
+            rank = ranked.index(pick)
+            outcome = "fallback"
+        matched = hd + 1 if rank < k else 0
+        return Choice(
+            instances[pick],
+            outcome,
+            rank,
+            matched,
+            len(chain),
+            (cuts[hd] if matched else 0) // CHARS_PER_TOKEN,
+            pk.prompt_chars,
+            (home, chain),
+        )
+
     def on_sent(self, request: RouteRequest, choice: Choice[InstT]) -> None:
-        if self.params.placement == "hash":
+        placement = self.params.placement
+        if placement == "hash":
             return
         pk = choice.state
         if isinstance(pk, PrefixKey):
             self.index.record(pk.chain, choice.instance.id)
+        elif isinstance(pk, tuple) and placement == "hybrid":
+            home, chain = pk
+            self.index.record(chain, choice.instance.id)
+            homes = self._homes
+            homes[home] = homes.pop(home, 0.0) + self._g / (1.0 - 1.0 / self.params.balance_window)
+            if len(homes) > self.params.index_entries:
+                del homes[next(iter(homes))]
         # Decayed request counts: each count shrinks by (1 - 1/balance_window) per
         # decision; growing the unit instead of shrinking every count keeps this O(1).
         g = self._g = self._g / (1.0 - 1.0 / self.params.balance_window)
@@ -373,6 +536,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._rl = [c / g for c in self._rl]
             for k in self._recent:
                 self._recent[k] /= g
+            for h in self._homes:
+                self._homes[h] /= g
             self._g = 1.0
 
     def forget(self, instance_id: str) -> None:
