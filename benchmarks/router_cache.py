@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument(
         "--routers",
         default="random,least_outstanding,prefix_aware,prefix_aware-hash,sglang,vllm",
-        help="preheat strategies (prefix_aware-hash: placement hash) and peers sglang, vllm",
+        help="preheat strategies (prefix_aware-hash, prefix_aware-hybrid: that placement) "
+        "and peers sglang, vllm (leave them out to save time)",
     )
     ap.add_argument("--n", type=int, default=300, help="requests per run")
     ap.add_argument("--concurrency", type=int, default=14)

@@ -84,8 +84,8 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
   near a share-bound decision, and a diverged decision shifts later counts, so
   divergence compounds: in process, 1 % of adjacent RAG requests swapped leaves 85 %
   agreement. Measured (docs/benchmarks.md, Router 3-4): 4 router processes agree on
-  100 % of RAG and templated requests at concurrency 8 but only 39-64 % of multi-turn
-  chat (a turn waits for its previous answer, so replicas see turns in different
+  100 % of RAG and 90-100 % of templated requests at concurrency 8 but only 38-43 % of
+  multi-turn chat (a turn waits for its previous answer, so replicas see turns in different
   orders and a conversation's first turn decides all its turns).
 * ``LOAD_FLOOR`` = 10 requests, ``INFLIGHT_SLACK`` = 1 request: constants above.
 
