@@ -74,3 +74,37 @@ def test_bad_sizes_are_refused() -> None:
     """Sizes below 1 name the argument."""
     with pytest.raises(ConfigError, match="documents 0"):
         rag(10, documents=0)
+
+
+def test_summarize_uses_engine_counter_deltas_and_interpolated_percentiles() -> None:
+    """Hit rate and shares come from counter deltas; TTFT percentiles match the report's."""
+    from preheat.bench.routing import Outcome, summarize
+    from preheat.engine.client import EngineMetrics
+    from preheat.telemetry.stats import percentile
+
+    def m(queries: float, hits: float, done: float) -> EngineMetrics:
+        return EngineMetrics(
+            flavour="vllm",
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            requests_running=0,
+            requests_waiting=0,
+            kv_cache_usage=None,
+            prompt_tokens=queries,
+            generation_tokens=0,
+            samples={'vllm:request_success_total{finished_reason="stop"}': done},
+        )
+
+    before = {"a": m(100, 10, 5), "b": m(50, 0, 1)}
+    after = {"a": m(400, 210, 8), "b": m(150, 50, 2)}
+    ttfts = [0.01, 0.02, 0.03, 0.10]
+    outcomes = [Outcome(str(i), "g", 200, t, t, "a", None, None) for i, t in enumerate(ttfts)] + [
+        Outcome("x", "g", 503, None, 0.0, None, None, None, "busy")
+    ]
+    s = summarize(outcomes, 2.0, before, after)
+    assert s["hit_rate"] == (200 + 50) / (300 + 100)
+    assert s["shares"] == {"a": 0.75, "b": 0.25}
+    assert s["max_share_ratio"] == 1.5
+    assert s["errors"] == 1 and s["throughput_rps"] == 2.0
+    assert s["ttft_p50_s"] == percentile(ttfts, 50) == 0.025
+    assert s["ttft_p90_s"] == percentile(ttfts, 90)

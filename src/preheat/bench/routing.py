@@ -26,6 +26,7 @@ from preheat.engine.client import EngineClient, EngineMetrics
 from preheat.engine.core.chat import render_chat
 from preheat.engine.core.tokenizer import Tokenizer
 from preheat.kvcache import block_hashes
+from preheat.telemetry.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -173,23 +174,17 @@ def summarize(
     shares = {u: per[u] / total for u in per}
     mean = 1.0 / len(per) if per else 0.0
     ok = [o for o in outcomes if o.status == 200]
-    ttfts = sorted(o.ttft_s for o in ok if o.ttft_s is not None)
+    ttfts = [o.ttft_s for o in ok if o.ttft_s is not None]
     return {
         "requests": len(outcomes),
         "errors": len(outcomes) - len(ok),
         "hit_rate": hits / queries if queries else 0.0,
-        "ttft_p50_s": _pct(ttfts, 0.50),
-        "ttft_p90_s": _pct(ttfts, 0.90),
+        "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
+        "ttft_p90_s": percentile(ttfts, 90) if ttfts else None,
         "throughput_rps": len(ok) / wall_s if wall_s > 0 else 0.0,
         "shares": shares,
         "max_share_ratio": (max(shares.values()) / mean) if shares and mean else 0.0,
     }
-
-
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    if not xs:
-        return None
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def prompt_tokens(item: WorkItem, tokenizer: Tokenizer | None = None) -> list[int]:
