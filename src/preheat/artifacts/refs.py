@@ -24,6 +24,42 @@ MANIFEST_NAME = "preheat-manifest.json"
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<path>[^?#]*)")
 
 
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
+REDACTED = "REDACTED"
+
+
+def redact_url(text: str) -> str:
+    """``text`` with every URL credential replaced by ``REDACTED``.
+
+    Userinfo (``https://user:pass@host``) and whole query strings (presigned S3/GCS URLs
+    carry their signature and token there) are secrets; scheme, host and path are kept so
+    the message still says which origin failed. Works on any string (an error message
+    that embeds URLs), not only on a bare ref.
+    """
+    if "://" not in text:
+        return text
+    out = _USERINFO.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
+    if "?" not in out:
+        return out
+    return _redact_queries(out)
+
+
+def _redact_queries(text: str) -> str:
+    parts: list[str] = []
+    pos = 0
+    for m in re.finditer(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*", text):
+        parts.append(text[pos : m.start()])
+        url = m.group(0)
+        q = url.find("?")
+        if q >= 0:
+            frag = url.find("#", q)
+            url = url[:q] + f"?{REDACTED}" + (url[frag:] if frag >= 0 else "")
+        parts.append(url)
+        pos = m.end()
+    parts.append(text[pos:])
+    return "".join(parts)
+
+
 def _unquote(path: str) -> str:
     return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), path)
 
@@ -39,10 +75,21 @@ class ArtifactRef:
 
     @property
     def key(self) -> str:
-        """A filesystem-safe, collision-free name for this ref (used under ``refs/``)."""
-        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", self.text.split("://", 1)[-1]).strip("_")
+        """A filesystem-safe, collision-free name for this ref (used under ``refs/``).
+
+        The readable part is taken from the redacted text, so no credential of the URL
+        (userinfo, a presigned query string) ever becomes a directory name; the hash is
+        over the full text, so two refs that differ only in credentials stay distinct.
+        """
+        shown = redact_url(self.text).split("://", 1)[-1]
+        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", shown).strip("_")
         digest = hashlib.sha256(self.text.encode()).hexdigest()[:16]
         return f"{self.scheme}_{readable[:80]}_{digest}"
+
+    @property
+    def display(self) -> str:
+        """The ref as it may appear in a message, log line, label or event: no secrets."""
+        return redact_url(self.text)
 
     @property
     def is_manifest_url(self) -> bool:
