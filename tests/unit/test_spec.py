@@ -198,3 +198,13 @@ def test_spec_checked_against_cluster(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             check_against_cluster(spec, cluster)
         assert expected in str(info.value)
+
+
+def test_spec_module_reexports_the_split_modules() -> None:
+    """``preheat.control.spec`` keeps every public name, as the very objects of the split."""
+    from preheat.control import spec, spec_files, spec_schema, spec_types
+
+    for name in spec.__all__:
+        home = next(m for m in (spec_types, spec_schema, spec_files) if name in m.__all__)
+        assert getattr(spec, name) is getattr(home, name), name
+    assert set(spec.__all__) == {*spec_types.__all__, *spec_schema.__all__, *spec_files.__all__}
