@@ -36,12 +36,17 @@ from preheat.control.spec_types import (
     WeightsCacheSpec,
 )
 from preheat.errors import ConfigError
+from preheat.router.policies import POLICIES
+from preheat.router.policies.base import CONCURRENCY_THRESHOLD_RANGE
+from preheat.router.prefix import MAX_PREFIX_LENGTH, MIN_PREFIX_LENGTH
 
 __all__ = ["check_against_cluster", "parse_cluster", "parse_endpoint"]
 
-STRATEGIES = ("random", "least_outstanding", "prefix_aware")
-PREFIX_LENGTH_RANGE = (1024, 65536)
-CONCURRENCY_RANGE = (1, 1024)
+# Strategies, defaults and bounds are the router's (one source of truth); the messages
+# here only name the spec's field.
+STRATEGIES = tuple(POLICIES)
+PREFIX_LENGTH_RANGE = (MIN_PREFIX_LENGTH, MAX_PREFIX_LENGTH)
+CONCURRENCY_RANGE = CONCURRENCY_THRESHOLD_RANGE
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _COMMAND_FIELDS = {"snapshot", "port", "host", "model", "replica"}
 
@@ -127,9 +132,11 @@ class _Variant(_Edge):
 
 
 class _Routing(_Edge):
-    strategy: str = "random"
-    prefix_length: int = Field(2048, alias="prefixLength")
-    concurrency_threshold: int = Field(16, alias="concurrencyThreshold")
+    strategy: str = RoutingSpec.strategy
+    prefix_length: int = Field(RoutingSpec.prefix_length, alias="prefixLength")
+    concurrency_threshold: int = Field(
+        RoutingSpec.concurrency_threshold, alias="concurrencyThreshold"
+    )
 
 
 class _Nodes(_Edge):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from preheat.errors import ConfigError
+from preheat.router.policies.base import PolicyParams
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -93,13 +94,18 @@ class VariantSpec:
     weight: float = 1.0
 
 
+#: The router's own defaults: a spec that leaves a routing field out gets what
+#: ``preheat router serve`` would use (docs/routing.md), never a second opinion.
+_ROUTER_DEFAULTS = PolicyParams()
+
+
 @dataclass(frozen=True)
 class RoutingSpec:
-    """Router strategy for every variant of the endpoint."""
+    """Router strategy for every variant of the endpoint; defaults are ``PolicyParams``'."""
 
     strategy: str = "random"
-    prefix_length: int = 2048
-    concurrency_threshold: int = 16
+    prefix_length: int = _ROUTER_DEFAULTS.prefix_length
+    concurrency_threshold: int = _ROUTER_DEFAULTS.concurrency_threshold
 
 
 @dataclass(frozen=True)
