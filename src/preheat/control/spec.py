@@ -24,6 +24,7 @@ Endpoint shape (``camelCase`` and ``snake_case`` keys are both accepted)::
       - {name: a, weight: 90}
       - {name: b, weight: 10, model: {source: ...}}
     routing: {strategy: prefix_aware, prefix_length: 2048, concurrency_threshold: 8}
+            # a field left out takes the router's default (PolicyParams: random, 8192, 64)
     modelCacheConfig:
       weights: {enabled: true, nodes: {selector: {gpu: "yes"}}, minReady: 2,
                 priority: 10, pin: true, timeoutSeconds: 600}
