@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import subprocess
@@ -76,3 +77,32 @@ def test_forbidden_imports_in_pure_modules_are_caught(tmp_path: Path) -> None:
     assert "Layers: imports only point down (docs/architecture.md) KEPT" in proc.stdout
     for _, _, expected in INJECTIONS:
         assert expected in proc.stdout, expected + "\n" + proc.stdout
+
+
+def _contract_lists() -> dict[str, list[str]]:
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".importlinter")
+    layers = parser["importlinter:contract:layers"]["layers"].split()
+    pure = parser["importlinter:contract:pure"]
+    return {
+        "layers": [m for m in layers if m != ":"],
+        "pure": pure["source_modules"].split(),
+        "forbidden": pure["forbidden_modules"].split(),
+    }
+
+
+def test_architecture_doc_names_what_the_contract_checks() -> None:
+    """docs/architecture.md names every layered module, pure module and forbidden import of
+    .importlinter, and cites no design file from outside the project."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    lists = _contract_lists()
+    assert len(lists["pure"]) >= 18 and "time" in lists["forbidden"]
+    diagram = doc.split("```")[1]
+    for module in lists["layers"]:
+        assert f" {module.removeprefix('preheat.')} " in f" {diagram} ".replace("\n", " "), module
+    for module in lists["pure"]:
+        assert f"`{module.removeprefix('preheat.')}`" in doc, module
+    for module in lists["forbidden"]:
+        assert f"`{module}`" in doc, module
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        assert "DESIGN.md" not in path.read_text(), path.name
