@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -44,6 +45,29 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def _finish(
+    fig: Figure,
+    path: Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    ylim: tuple[float, float] | None = None,
+    legend_loc: Literal["best", "lower right"] = "best",
+) -> bool:
+    """Label the (only) axes of a line or scatter plot, grid it, add the legend, save."""
+    (ax,) = fig.axes
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc=legend_loc, fontsize=8)
+    _save(fig, path)
+    return True
+
+
 def readiness_cdf(records: Sequence[StartRecord], path: Path) -> bool:
     """Readiness (scheduled -> healthy) CDF, one staircase per event class."""
     by_class: dict[EventClass, list[float]] = {}
@@ -77,14 +101,15 @@ def readiness_cdf(records: Sequence[StartRecord], path: Path) -> bool:
         > 20
     ):
         ax.set_xscale("log")
-    ax.set_xlabel("seconds from scheduled to healthy")
-    ax.set_ylabel("fraction of starts")
-    ax.set_ylim(0, 1.02)
-    ax.grid(True, alpha=0.3)
-    ax.set_title("Readiness CDF per event class")
-    ax.legend(loc="lower right", fontsize=8)
-    _save(fig, path)
-    return True
+    return _finish(
+        fig,
+        path,
+        title="Readiness CDF per event class",
+        xlabel="seconds from scheduled to healthy",
+        ylabel="fraction of starts",
+        ylim=(0, 1.02),
+        legend_loc="lower right",
+    )
 
 
 def stage_breakdown(rows: Sequence[StageStats], path: Path) -> bool:
@@ -147,14 +172,14 @@ def cache_hit_ratio(records: Sequence[StartRecord], path: Path) -> bool:
     ax = fig.add_subplot()
     ax.bar(xs, ys, width=width * 0.9, alpha=0.5, color="#4c78a8", label="per interval")
     ax.plot(cum_x, cum_y, color="#e45756", label="cumulative")
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("seconds since the first start")
-    ax.set_ylabel("weights cache hit ratio")
-    ax.set_title("Cache hit ratio of replica starts over time")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-    return True
+    return _finish(
+        fig,
+        path,
+        title="Cache hit ratio of replica starts over time",
+        xlabel="seconds since the first start",
+        ylabel="weights cache hit ratio",
+        ylim=(0, 1.05),
+    )
 
 
 def inventory(nodes: Sequence[NodeInventory], path: Path) -> bool:
@@ -240,14 +265,14 @@ def kv_hit_rate(rows: Sequence[RouteDecision], path: Path) -> bool:
             alpha=0.7,
         )
         line[0].set_label(f"{strategy}: engine-reported (dashed: predicted)")
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("seconds since the first request")
-    ax.set_ylabel("cached tokens / prompt tokens")
-    ax.set_title("KV cache hit rate over time")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-    return True
+    return _finish(
+        fig,
+        path,
+        title="KV cache hit rate over time",
+        xlabel="seconds since the first request",
+        ylabel="cached tokens / prompt tokens",
+        ylim=(0, 1.05),
+    )
 
 
 def predicted_vs_actual(rows: Sequence[RouteDecision], path: Path) -> bool:
@@ -265,10 +290,10 @@ def predicted_vs_actual(rows: Sequence[RouteDecision], path: Path) -> bool:
         top = max(top, *xs, *ys)
         ax.scatter(xs, ys, s=8, alpha=0.5, label=strategy)
     ax.plot([0, top], [0, top], color="#5c6578", lw=1, ls="--", label="prediction = actual")
-    ax.set_xlabel("router-predicted cached tokens")
-    ax.set_ylabel("engine-reported cached tokens")
-    ax.set_title("Predicted vs actual prefix hits per request")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-    return True
+    return _finish(
+        fig,
+        path,
+        title="Predicted vs actual prefix hits per request",
+        xlabel="router-predicted cached tokens",
+        ylabel="engine-reported cached tokens",
+    )
