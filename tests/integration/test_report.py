@@ -13,8 +13,8 @@ from matplotlib.image import imread
 
 from preheat.telemetry.events import EventClass, EventLog
 from preheat.telemetry.inventory import NodeInventory, SnapshotEntry, WarmupFailure
-from preheat.telemetry.report import read_route_decisions, routing_stats, write_report
-from preheat.telemetry.routing import DecisionLog, RouteDecision
+from preheat.telemetry.report import write_report
+from preheat.telemetry.routing import DecisionLog, RouteDecision, read_decisions, routing_stats
 from preheat.telemetry.stats import stage_table
 from preheat.testing.telemetry import synthetic_route_decisions, synthetic_starts
 
@@ -186,7 +186,7 @@ def test_report_reads_the_routers_decision_log(tmp_path: Path) -> None:
             )
     finally:
         log.close()
-    rows = read_route_decisions(path)
+    rows = read_decisions(path)
     assert len(rows) == 40
     stats = {s.strategy: s for s in routing_stats(rows)}
     pa = stats["prefix_aware"]

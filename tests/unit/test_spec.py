@@ -198,3 +198,63 @@ def test_spec_checked_against_cluster(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             check_against_cluster(spec, cluster)
         assert expected in str(info.value)
+
+
+def test_spec_module_reexports_the_split_modules() -> None:
+    """``preheat.control.spec`` keeps every public name, as the very objects of the split."""
+    from preheat.control import spec, spec_files, spec_schema, spec_types
+
+    for name in spec.__all__:
+        home = next(m for m in (spec_types, spec_schema, spec_files) if name in m.__all__)
+        assert getattr(spec, name) is getattr(home, name), name
+    assert set(spec.__all__) == {*spec_types.__all__, *spec_schema.__all__, *spec_files.__all__}
+
+
+def test_routing_defaults_and_bounds_are_the_routers() -> None:
+    """A spec that leaves routing out gets PolicyParams' defaults; it accepts exactly the
+    strategies, prefix lengths and concurrency thresholds the router accepts."""
+    from preheat.router.policies import POLICIES, PolicyParams
+
+    defaults = PolicyParams()
+    for routing in ({}, {"routing": {}}):
+        r = parse_endpoint(_base(**routing)).routing
+        assert (r.strategy, r.prefix_length, r.concurrency_threshold) == (
+            "random",
+            defaults.prefix_length,
+            defaults.concurrency_threshold,
+        )
+    for strategy in POLICIES:
+        assert parse_endpoint(_base(routing={"strategy": strategy})).routing.strategy == strategy
+
+    def router_accepts(**kw: int) -> bool:
+        try:
+            PolicyParams(**kw)  # type: ignore[arg-type]
+        except ConfigError:
+            return False
+        return True
+
+    def spec_accepts(**kw: int) -> bool:
+        try:
+            parse_endpoint(_base(routing=kw))
+        except ConfigError:
+            return False
+        return True
+
+    for field, edges in (
+        ("prefix_length", (1023, 1024, 65536, 65537)),
+        ("concurrency_threshold", (0, 1, 1024, 1025)),
+    ):
+        for value in edges:
+            assert spec_accepts(**{field: value}) == router_accepts(**{field: value}), (
+                field,
+                value,
+            )
+
+
+def test_examples_set_their_routing_explicitly() -> None:
+    """The shipped examples name prefix_length and concurrency_threshold, so a change of
+    the defaults never changes how they route."""
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for name in ("endpoint.yaml", "endpoint-v2.yaml"):
+        r = load_endpoint(root / name).routing
+        assert (r.strategy, r.prefix_length, r.concurrency_threshold) == ("prefix_aware", 2048, 8)

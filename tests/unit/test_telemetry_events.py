@@ -259,3 +259,12 @@ def test_hooks_see_each_record_and_never_break_the_log(tmp_path: Path) -> None:
     assert log.hook_errors == 3
     assert log.last_hook_error is not None and "exporter down" in log.last_hook_error
     assert len(read_start_records(tmp_path / "events.jsonl")) == 3
+
+
+def test_events_reexports_the_pure_records() -> None:
+    """``telemetry.events`` re-exports the record names of the pure ``telemetry.records``."""
+    from preheat.telemetry import events, records
+
+    for name in records.__all__:
+        assert getattr(events, name) is getattr(records, name), name
+    assert set(records.__all__) <= set(events.__all__)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -81,3 +84,65 @@ def test_class_summary_counts_hits_and_bytes() -> None:
             assert s.hit_ratio == 0.0 and s.bytes_from["origin"] > 0
         else:
             assert s.hit_ratio == 1.0 and s.bytes_from["origin"] == 0
+
+
+def _rank_statistics(tree: ast.AST, *, allowed_def: str = "") -> list[int]:
+    """Lines that compute a percentile or quantile some other way than ``stats.percentile``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == allowed_def:
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+            w in node.name.lower() for w in ("percentile", "quantile", "median")
+        ):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr in {
+            "percentile",
+            "quantile",
+            "quantiles",
+            "median",
+            "nanpercentile",
+            "nanquantile",
+        }:
+            # numpy / statistics / a second import of our own under another name
+            if not (isinstance(node.value, ast.Name) and node.value.id == "stats"):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript):
+            # Nearest rank: xs[int(q * len(xs))], xs[len(xs) // 2], xs[min(n - 1, ...)].
+            inner = list(ast.walk(node.slice))
+            has_len = any(
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+                for n in inner
+            )
+            scales = any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult | ast.FloorDiv)
+                for n in inner
+            )
+            if has_len and scales:
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_src_has_one_percentile_function() -> None:
+    """No module under src/ computes a percentile, quantile or median but ``stats.percentile``."""
+    src = Path(__file__).resolve().parents[2] / "src" / "preheat"
+    found = {}
+    for path in sorted(src.rglob("*.py")):
+        own = "percentile" if path == src / "telemetry" / "stats.py" else ""
+        lines = _rank_statistics(ast.parse(path.read_text(), str(path)), allowed_def=own)
+        if lines:
+            found[str(path.relative_to(src))] = lines
+    assert found == {}
+
+
+def test_rank_statistics_finder_sees_the_usual_shapes() -> None:
+    """The scan above flags nearest-rank indexing, numpy/statistics calls and own helpers."""
+    code = (
+        "def p99(xs):\n    return xs[int(0.99 * len(xs))]\n"
+        "m = ys[len(ys) // 2]\n"
+        "import numpy as np\nq = np.percentile(ys, 90)\n"
+        "import statistics\nr = statistics.quantiles(ys, n=100)\n"
+        "ok = ys[rng.randrange(len(ys))]\n"
+        "from preheat.telemetry import stats\nfine = stats.percentile(ys, 50)\n"
+    )
+    assert _rank_statistics(ast.parse(code)) == [2, 3, 5, 7]

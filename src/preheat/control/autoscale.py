@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from preheat.control.spec import Autoscaling
+from preheat.control.spec_types import Autoscaling
 
 __all__ = ["AutoscaleState", "autoscale"]
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from preheat.telemetry.events import EventClass
+from preheat.telemetry.records import EventClass
 
 __all__ = ["EventClass", "StartContext", "StartReason", "classify_start"]
 

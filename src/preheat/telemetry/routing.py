@@ -7,13 +7,17 @@ One line per sampled request, with these keys (the report reads them):
 ``prefix_blocks``, ``predicted_cached_tokens``, ``actual_cached_tokens`` (the engine's
 ``usage.prompt_tokens_details.cached_tokens`` when it reports it, else null),
 ``prompt_tokens`` (the engine's ``usage.prompt_tokens``, else null) and ``decision_us``.
+
+``read_decisions`` is the one reader of that file (the report uses it too): torn lines
+from a killed writer are skipped, a line that is JSON but not a decision is an error
+naming the file and line. ``routing_stats`` summarises decisions per strategy.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,23 @@ from typing import Any
 import orjson
 
 from preheat.errors import ConfigError
+from preheat.telemetry.events import read_jsonl
+from preheat.telemetry.stats import percentile
+
+__all__ = [
+    "DecisionLog",
+    "RouteDecision",
+    "RoutingStats",
+    "read_decisions",
+    "routing_stats",
+]
+
+#: Keys a decision line must have; the others default (older logs did not write them).
+REQUIRED_KEYS = ("ts", "variant", "strategy", "instance", "outcome", "decision_us")
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +87,88 @@ class RouteDecision:
     def to_json(self) -> str:
         return self.to_json_bytes().decode()
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RouteDecision:
+        """A decision from one decoded line; ``ValueError`` names missing keys."""
+        missing = [k for k in REQUIRED_KEYS if k not in d]
+        if missing:
+            raise ValueError(f"route decision is missing keys {missing}")
+        if d["instance"] is None:
+            raise ValueError("route decision has instance null; a decision names its instance")
+        return cls(
+            ts=float(d["ts"]),
+            request_id=str(d.get("request_id", "")),
+            variant=str(d["variant"]),
+            strategy=str(d["strategy"]),
+            instance=str(d["instance"]),
+            rank=int(d.get("rank", 0)),
+            outcome=str(d["outcome"]),
+            matched_blocks=int(d.get("matched_blocks", 0)),
+            prefix_blocks=int(d.get("prefix_blocks", 0)),
+            predicted_cached_tokens=_opt_int(d.get("predicted_cached_tokens")),
+            actual_cached_tokens=_opt_int(d.get("actual_cached_tokens")),
+            prompt_tokens=_opt_int(d.get("prompt_tokens")),
+            decision_us=float(d["decision_us"]),
+        )
 
-def read_decisions(path: str | Path) -> list[RouteDecision]:
-    """Load a decision log written by ``DecisionLog``."""
+
+def read_decisions(path: str | os.PathLike[str]) -> list[RouteDecision]:
+    """The decisions in a log written by ``DecisionLog`` (torn lines skipped)."""
+    return read_jsonl(path, RouteDecision.from_dict).records
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingStats:
+    """Per strategy: decisions, instance shares, predicted and actual KV hit rates."""
+
+    strategy: str
+    decisions: int
+    shares: dict[str, float]
+    kv_hit_rate: float | None
+    predicted_hit_rate: float | None
+    #: Mean |predicted - actual| cached tokens over requests whose engine reported usage.
+    mean_abs_error_tokens: float | None
+    decision_us_p50: float
+    decision_us_p99: float
+
+
+def routing_stats(rows: Sequence[RouteDecision]) -> list[RoutingStats]:
+    """One summary per strategy, strategies in name order.
+
+    Hit rates count only requests whose engine reported usage; a decision without a
+    prediction (``random``) predicts 0 cached tokens.
+    """
+    groups: dict[str, list[RouteDecision]] = {}
+    for r in rows:
+        groups.setdefault(r.strategy, []).append(r)
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                data: dict[str, Any] = json.loads(line)
-                out.append(RouteDecision(**data))
+    for strategy in sorted(groups):
+        rs = groups[strategy]
+        counts: dict[str, int] = {}
+        for r in rs:
+            counts[r.instance] = counts.get(r.instance, 0) + 1
+        routed = sum(counts.values())
+        shares = {k: v / routed for k, v in sorted(counts.items())} if routed else {}
+        reported = [r for r in rs if r.actual_cached_tokens is not None and r.prompt_tokens]
+        prompt = sum(r.prompt_tokens or 0 for r in reported)
+        actual = sum(r.actual_cached_tokens or 0 for r in reported)
+        predicted = sum(r.predicted_cached_tokens or 0 for r in reported)
+        err = [
+            abs((r.predicted_cached_tokens or 0) - (r.actual_cached_tokens or 0)) for r in reported
+        ]
+        us = [r.decision_us for r in rs]
+        out.append(
+            RoutingStats(
+                strategy=strategy,
+                decisions=len(rs),
+                shares=shares,
+                kv_hit_rate=actual / prompt if prompt else None,
+                predicted_hit_rate=predicted / prompt if prompt else None,
+                mean_abs_error_tokens=sum(err) / len(err) if err else None,
+                decision_us_p50=percentile(us, 50),
+                decision_us_p99=percentile(us, 99),
+            )
+        )
     return out
 
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from preheat.telemetry.events import STAGES, WEIGHTS_SOURCES, EventClass, StartRecord
+from preheat.telemetry.records import STAGES, WEIGHTS_SOURCES, EventClass, StartRecord
 
 __all__ = [
     "READY",

@@ -6,8 +6,7 @@ parameters. The live router and the simulator use the same objects.
 
 from __future__ import annotations
 
-import random as _random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preheat.errors import ConfigError
 from preheat.router.policies.base import (
@@ -23,6 +22,9 @@ from preheat.router.policies.base import (
 from preheat.router.policies.least_outstanding import LeastOutstandingPolicy
 from preheat.router.policies.prefix_aware import LearnedIndex, PrefixAwarePolicy
 from preheat.router.policies.random import RandomPolicy
+
+if TYPE_CHECKING:
+    import random as _random
 
 POLICIES: dict[str, type[Any]] = {
     "random": RandomPolicy,

@@ -24,6 +24,8 @@ from preheat.router.prefix import check_prefix_length
 
 PLACEMENTS = ("learned", "hash", "hybrid")
 OUTCOMES = ("affinity", "spill", "fallback", "random", "least_outstanding", "hint")
+#: Bounds of ``concurrency_threshold`` (in-flight requests per instance); the spec uses them too.
+CONCURRENCY_THRESHOLD_RANGE = (1, 1024)
 
 
 class InstanceLike(Protocol):
@@ -112,9 +114,10 @@ class PolicyParams:
     def __post_init__(self) -> None:
         check_prefix_length(self.prefix_length)
         t = self.concurrency_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024:
+        lo, hi = CONCURRENCY_THRESHOLD_RANGE
+        if isinstance(t, bool) or not isinstance(t, int) or not lo <= t <= hi:
             raise ConfigError(
-                f"concurrency_threshold {t!r} is outside 1-1024 in-flight requests per instance"
+                f"concurrency_threshold {t!r} is outside {lo}-{hi} in-flight requests per instance"
             )
         e = self.balance_epsilon
         if isinstance(e, bool) or not isinstance(e, int | float) or not 0.01 <= e <= 10:

@@ -6,11 +6,14 @@ traffic instead of the first one in the list taking every tie.
 
 from __future__ import annotations
 
-import random as _random
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from preheat.errors import NoHealthyInstance
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
+
+if TYPE_CHECKING:
+    import random as _random
 
 
 class LeastOutstandingPolicy(BasePolicy[InstT]):

@@ -101,11 +101,11 @@ the index holds 64-bit keyed hashes and instance ids only.
 
 from __future__ import annotations
 
-import random as _random
 from bisect import insort
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from math import ceil
+from typing import TYPE_CHECKING
 
 from preheat.errors import NoHealthyInstance
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
@@ -117,6 +117,9 @@ from preheat.router.prefix import (
     PrefixKey,
     canonical_parts,
 )
+
+if TYPE_CHECKING:
+    import random as _random
 
 _MUL = SCORE_MULTIPLIER
 LOAD_FLOOR = 10.0

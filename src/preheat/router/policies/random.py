@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import random as _random
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from preheat.errors import NoHealthyInstance
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
+
+if TYPE_CHECKING:
+    import random as _random
 
 
 class RandomPolicy(BasePolicy[InstT]):
