@@ -15,6 +15,10 @@ How one file is fetched (``fetch_blob``):
   skips those ranges (the hash is recomputed from the bytes on disk).
 - A failed range (5xx, reset, truncated body) is retried with exponential backoff from
   the byte where it stopped; 404 is not retried.
+- Every range is conditional on the validator ``resolve`` saw (the source's job, see
+  ``sources/base.py``): a file that changed at the origin mid-fill raises
+  ``OriginChanged``, which is not retried; its partial file and state are deleted (they
+  hold bytes of a revision that no longer exists), so nothing of it is published.
 - On success the digest is compared with the manifest's; a mismatch deletes the partial
   file and raises ``DigestMismatch`` naming the file, expected and actual digest. A match
   is fsynced, made read-only and published with ``os.replace`` into ``blobs/``.
@@ -42,9 +46,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from preheat.artifacts.refs import redact_url
 from preheat.errors import (
     DigestMismatch,
     ObjectNotFound,
+    OriginChanged,
     OriginUnavailable,
     RangeNotSupported,
     TruncatedBody,
@@ -325,6 +331,10 @@ async def fetch_blob(
                     ctx.stats.resumed -= resumed
                     chunk, done = max(size, 1), set()
                     continue
+                if isinstance(first, OriginChanged):
+                    os.close(fd)
+                    fd = -1
+                    _discard(part, state)
                 if first is exc:
                     raise
                 raise first from None
@@ -334,9 +344,7 @@ async def fetch_blob(
         if expected is not None and actual != expected:
             os.close(fd)
             fd = -1
-            for p in (part, state):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
+            _discard(part, state)
             raise DigestMismatch(path, expected, actual)
         if ctx.fsync:
             if prog.writebacks:
@@ -350,6 +358,12 @@ async def fetch_blob(
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
     return actual
+
+
+def _discard(*paths: Path) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
 
 
 def publish_file(layout: Layout, src: Path, digest: str, dirty: set[Path] | None = None) -> Path:
@@ -438,7 +452,9 @@ async def _fetch_range(
                         if ctx.limiter is not None:
                             await ctx.limiter.take(n)
                 if pos < end:
-                    raise TruncatedBody(f"{location.url}: range ended at {pos}, expected {end}")
+                    raise TruncatedBody(
+                        f"{redact_url(location.url)}: range ended at {pos}, expected {end}"
+                    )
             except (ObjectNotFound, RangeNotSupported):
                 raise
             except RETRYABLE as exc:
