@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import socket
 from collections.abc import Callable, Mapping
 
 from preheat.errors import FetchError, ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.sources.base import Unsupported
 
 AVAILABLE = hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = 1031
 _MAX_HEADER = 64 << 10
+# errors of writing the file, not of the origin: the fill reports them (disk full)
+_LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
-
-class Unsupported(FetchError):
-    """The origin answered in a way the fast path does not handle; use aiohttp instead."""
+__all__ = ["AVAILABLE", "SplicePool", "Unsupported"]
 
 
 class _Conn:
@@ -107,7 +109,9 @@ class SplicePool:
             reusable = await self._exchange(conn, path, start, end, fd, on_bytes, url, extra, check)
         except FetchError:
             raise
-        except (ConnectionError, OSError) as exc:
+        except OSError as exc:
+            if exc.errno in _LOCAL_ERRNOS:
+                raise
             raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
         finally:
             if reusable:

@@ -20,7 +20,12 @@ from typing import Protocol
 
 from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
-from preheat.errors import ConfigError
+from preheat.errors import ConfigError, FetchError
+
+
+class Unsupported(FetchError):
+    """A source's zero-copy ``fetch_to_fd`` cannot serve this range (an origin answer that
+    needs a full HTTP client, a copy across filesystems); the fill uses ``fetch`` instead."""
 
 
 @dataclass(frozen=True)

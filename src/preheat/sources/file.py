@@ -28,7 +28,7 @@ from preheat.errors import (
     TruncatedBody,
     UnsafePath,
 )
-from preheat.sources.base import Location, Resolution
+from preheat.sources.base import Location, Resolution, Unsupported
 
 _READ = 8 << 20
 
@@ -112,14 +112,22 @@ class FileSource:
         on_bytes: Callable[[int, int], None],
     ) -> None:
         """Copy bytes [start, end) into ``fd`` in the kernel (copy_file_range(2)), in
-        pieces so progress is reported and a cancelled fill stops soon."""
+        pieces so progress is reported and a cancelled fill stops soon. Raises
+        ``Unsupported`` where the kernel cannot copy between the two filesystems."""
         src = await asyncio.to_thread(_open_pinned, location)
         try:
             pos = start
             while pos < end:
-                n = await asyncio.to_thread(
-                    os.copy_file_range, src, fd, min(_READ, end - pos), pos, pos
-                )
+                try:
+                    n = await asyncio.to_thread(
+                        os.copy_file_range, src, fd, min(_READ, end - pos), pos, pos
+                    )
+                except OSError as exc:
+                    if exc.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise Unsupported(
+                            f"copy_file_range from {location.url}: {exc.strerror}"
+                        ) from exc
+                    raise
                 if n == 0:
                     raise TruncatedBody(
                         f"{location.url} ended at byte {pos}, expected {end} (changed at origin?)"

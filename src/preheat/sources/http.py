@@ -39,7 +39,7 @@ from preheat.errors import (
     TruncatedBody,
 )
 from preheat.sources import _splice
-from preheat.sources.base import Location, Resolution
+from preheat.sources.base import Location, Resolution, Unsupported
 
 _SAFE = re.compile(r"[^A-Za-z0-9._~/-]")
 
@@ -138,7 +138,7 @@ class HttpSource:
         on_bytes: Callable[[int, int], None],
     ) -> None:
         """Write bytes [start, end) straight into ``fd`` with splice(2); raises
-        ``_splice.Unsupported`` (and stops using the fast path) when the origin's answer
+        ``Unsupported`` (and stops using the fast path) when the origin's answer
         needs a full HTTP client."""
         parts = urlsplit(location.url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
@@ -158,7 +158,7 @@ class HttpSource:
                 headers={**conditions(location), **_basic_auth(location.url)},
                 check=functools.partial(check_answer, location, shown),
             )
-        except _splice.Unsupported:
+        except Unsupported:
             self._splice_ok = False
             raise
 

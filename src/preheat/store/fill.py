@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import hashlib
 import heapq
@@ -47,21 +48,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from preheat.artifacts.refs import redact_url
+from preheat.config import format_size
 from preheat.errors import (
     DigestMismatch,
+    InsufficientSpace,
     ObjectNotFound,
     OriginChanged,
     OriginUnavailable,
     RangeNotSupported,
     TruncatedBody,
 )
-from preheat.sources._splice import Unsupported
-from preheat.sources.base import Location, Source
+from preheat.sources.base import Location, Source, Unsupported
 from preheat.store.layout import Layout
 
 DEFAULT_CHUNK = 32 << 20
 _HASH_READ = 8 << 20
 RETRYABLE: tuple[type[BaseException], ...] = (OriginUnavailable, TruncatedBody, TimeoutError)
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # a filled disk, not a failed origin
 
 _libc = None
 with contextlib.suppress(OSError, AttributeError):
@@ -331,7 +334,7 @@ async def fetch_blob(
                     ctx.stats.resumed -= resumed
                     chunk, done = max(size, 1), set()
                     continue
-                if isinstance(first, OriginChanged):
+                if isinstance(first, OriginChanged | InsufficientSpace):
                     os.close(fd)
                     fd = -1
                     _discard(part, state)
@@ -358,6 +361,20 @@ async def fetch_blob(
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
     return actual
+
+
+def _disk_full(ctx: FillContext, location: Location, pos: int, exc: OSError) -> InsufficientSpace:
+    """ENOSPC/EDQUOT while writing a partial file, as the store's error with the numbers."""
+    st = os.statvfs(ctx.layout.tmp)
+    free = st.f_bavail * st.f_frsize
+    err = InsufficientSpace(
+        f"disk full while writing {redact_url(location.url)} into {ctx.layout.tmp} at byte "
+        f"{pos} ({exc.strerror}); {format_size(free)} ({free} bytes) free there now. The "
+        "partial file was removed and nothing was published: free disk space (or lower "
+        "--capacity so eviction leaves room) and pull again"
+    )
+    err.free = free
+    return err
 
 
 def _discard(*paths: Path) -> None:
@@ -466,6 +483,10 @@ async def _fetch_range(
                     ) from exc
                 await asyncio.sleep(min(5.0, ctx.backoff * 2 ** (attempt - 1)))
                 continue
+            except OSError as exc:  # writing the partial file (pwrite, splice, copy_file_range)
+                if exc.errno in _DISK_FULL:
+                    raise _disk_full(ctx, location, start + prog.filled[i], exc) from exc
+                raise
         break
     done.add(i)
     _save_state(state, prog.size, prog.chunk, location.fingerprint, done)
