@@ -297,8 +297,28 @@ async def fetch_blob(
 ) -> str:
     """Fetch one file into ``tmp/<key>.part``, verify and publish it; returns its sha256.
 
-    The caller holds the per-``key`` lock.
+    The caller holds the per-``key`` lock. A full disk (while writing, saving the resume
+    state or at the final fsync, where delayed allocation reports it) is
+    ``InsufficientSpace``, and the partial file is removed to give the space back.
     """
+    try:
+        return await _fetch_blob(ctx, path, location, size, expected, key, seq)
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        _discard(ctx.layout.tmp / f"{key}.part", ctx.layout.tmp / f"{key}.json")
+        raise _disk_full(ctx, location, None, exc) from exc
+
+
+async def _fetch_blob(
+    ctx: FillContext,
+    path: str,
+    location: Location,
+    size: int,
+    expected: str | None,
+    key: str,
+    seq: int,
+) -> str:
     loop = asyncio.get_running_loop()
     part = ctx.layout.tmp / f"{key}.part"
     state = ctx.layout.tmp / f"{key}.json"
@@ -363,13 +383,16 @@ async def fetch_blob(
     return actual
 
 
-def _disk_full(ctx: FillContext, location: Location, pos: int, exc: OSError) -> InsufficientSpace:
+def _disk_full(
+    ctx: FillContext, location: Location, pos: int | None, exc: OSError
+) -> InsufficientSpace:
     """ENOSPC/EDQUOT while writing a partial file, as the store's error with the numbers."""
     st = os.statvfs(ctx.layout.tmp)
     free = st.f_bavail * st.f_frsize
+    at = f" at byte {pos}" if pos is not None else ""
     err = InsufficientSpace(
-        f"disk full while writing {redact_url(location.url)} into {ctx.layout.tmp} at byte "
-        f"{pos} ({exc.strerror}); {format_size(free)} ({free} bytes) free there now. The "
+        f"disk full while writing {redact_url(location.url)} into {ctx.layout.tmp}{at} "
+        f"({exc.strerror}); {format_size(free)} ({free} bytes) free there now. The "
         "partial file was removed and nothing was published: free disk space (or lower "
         "--capacity so eviction leaves room) and pull again"
     )
