@@ -13,7 +13,8 @@
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
     │   ├── TruncatedBody(FetchError, IOError)
-    │   └── RangeNotSupported(FetchError)            origin ignores Range: one stream per file
+    │   ├── RangeNotSupported(FetchError)            origin ignores Range: one stream per file
+    │   └── OriginChanged(FetchError)                bytes changed at the origin mid-fill
     ├── EngineError                                  simulated engine
     │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
     │   └── EngineUnavailable(EngineError, ConnectionError)
@@ -107,6 +108,12 @@ class TruncatedBody(FetchError, IOError):
 class RangeNotSupported(FetchError):
     """The origin answered a ranged GET with the whole body; the fill falls back to one
     stream per file."""
+
+
+class OriginChanged(FetchError):
+    """A file changed at the origin after ``resolve`` saw it (another ETag, version,
+    inode, size or mtime), so its ranges would mix old and new bytes; nothing of it is
+    published and a later pull resolves the new revision. Not retried."""
 
 
 # --- engine -----------------------------------------------------------------------------

@@ -6,28 +6,33 @@ copies into the page cache: two copies and an allocation per chunk. On a fast or
 fill. Here the body moves socket -> pipe -> file with ``splice(2)`` on the event loop:
 the kernel moves pages, Python only counts bytes. The request is plain HTTP/1.1 on a
 pooled keep-alive socket; anything unusual (redirect, chunked encoding, compression)
-raises ``Unsupported`` and the caller falls back to the aiohttp path.
+raises ``Unsupported`` and the caller falls back to the aiohttp path. The caller adds
+its conditional and auth headers, and checks each answer's status and headers (a file
+changed at the origin) before any body byte is read. ``url`` is only ever used in
+messages, so callers pass it redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from preheat.errors import FetchError, ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.sources.base import Unsupported
 
 AVAILABLE = hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = 1031
 _MAX_HEADER = 64 << 10
+# errors of writing the file, not of the origin: the fill reports them (disk full)
+_LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
-
-class Unsupported(FetchError):
-    """The origin answered in a way the fast path does not handle; use aiohttp instead."""
+__all__ = ["AVAILABLE", "SplicePool", "Unsupported"]
 
 
 class _Conn:
@@ -83,18 +88,30 @@ class SplicePool:
         fd: int,
         on_bytes: Callable[[int, int], None],
         url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        check: Callable[[int, Mapping[str, str]], None] | None = None,
     ) -> None:
         """GET bytes [start, end) of ``path`` into ``fd`` at the same offsets.
 
-        ``on_bytes(offset, n)`` is called after each piece lands in the file.
+        ``on_bytes(offset, n)`` is called after each piece lands in the file; ``headers``
+        are added to the request; ``check(status, headers)`` (lower-case names) may raise
+        to refuse an answer before its body is read.
         """
+        extra = "".join(
+            f"{k}: {v}\r\n"
+            for k, v in (headers or {}).items()
+            if not any(c in f"{k}{v}" for c in "\r\n")
+        )
         conn = self._idle.pop() if self._idle else await self._connect()
         reusable = False
         try:
-            reusable = await self._exchange(conn, path, start, end, fd, on_bytes, url)
+            reusable = await self._exchange(conn, path, start, end, fd, on_bytes, url, extra, check)
         except FetchError:
             raise
-        except (ConnectionError, OSError) as exc:
+        except OSError as exc:
+            if exc.errno in _LOCAL_ERRNOS:
+                raise
             raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
         finally:
             if reusable:
@@ -111,13 +128,15 @@ class SplicePool:
         fd: int,
         on_bytes: Callable[[int, int], None],
         url: str,
+        extra: str,
+        check: Callable[[int, Mapping[str, str]], None] | None,
     ) -> bool:
         loop = asyncio.get_running_loop()
         sock = conn.sock
         request = (
             f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Range: bytes={start}-{end - 1}\r\nAccept-Encoding: identity\r\n"
-            "User-Agent: preheat\r\n\r\n"
+            f"User-Agent: preheat\r\n{extra}\r\n"
         )
         await loop.sock_sendall(sock, request.encode("ascii"))
         buf = b""
@@ -138,6 +157,8 @@ class SplicePool:
         for line in lines[1:]:
             k, _, v = line.partition(":")
             headers[k.strip().lower()] = v.strip()
+        if check is not None:
+            check(status, headers)
         if status in (404, 410):
             raise ObjectNotFound(f"{url}: the origin answered {status} (not found); check the URL")
         if status in (401, 403):

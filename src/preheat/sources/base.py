@@ -6,6 +6,10 @@ now, the manifest, and per file a ``Location`` (where to fetch it, and a fingerp
 the origin's metadata for the bytes). ``fetch(location, start, end)`` delivers bytes
 ``[start, end)`` as an async iterator of chunks, in order; it raises ``ObjectNotFound`` (do not
 retry), ``OriginUnavailable`` or ``TruncatedBody`` (retry the rest of the range).
+
+Every range is pinned to the validator ``resolve`` saw (``Location.etag``, ``modified``,
+``version`` or ``stat``): a file that changed at the origin since then fails the range
+with ``OriginChanged`` (not retried), so no blob ever mixes bytes of two versions.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from typing import Protocol
 
 from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
-from preheat.errors import ConfigError
+from preheat.errors import ConfigError, FetchError
+
+
+class Unsupported(FetchError):
+    """A source's zero-copy ``fetch_to_fd`` cannot serve this range (an origin answer that
+    needs a full HTTP client, a copy across filesystems); the fill uses ``fetch`` instead."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +35,19 @@ class Location:
     ``fingerprint`` names the bytes as the origin's metadata sees them (path+size+mtime,
     URL+ETag, bucket/key+version): when a file's sha256 is unknown, a fingerprint seen
     before maps to the digest hashed last time, so unchanged files are not fetched again.
+
+    The validators pin every ranged read to the bytes ``resolve`` saw (None: not known):
+    ``etag`` the entity tag as the origin sent it (HTTP ``If-Match``, S3 ``IfMatch``),
+    ``modified`` the HTTP ``Last-Modified`` (used when there is no strong ETag),
+    ``version`` an S3 version id, ``stat`` a local file's (st_ino, st_size, st_mtime_ns).
     """
 
     url: str
     fingerprint: str
     version: str | None = None
+    etag: str | None = None
+    modified: str | None = None
+    stat: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)

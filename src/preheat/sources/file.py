@@ -2,11 +2,18 @@
 
 The revision is a digest over (relative path, size, mtime, inode) of every file; sha256
 is computed while copying. Symbolic links anywhere in the tree are refused.
+
+Every range opens its file with ``O_NOFOLLOW`` (a link swapped in is refused) and
+compares the descriptor's (st_ino, st_size, st_mtime_ns) with what ``resolve`` saw, before
+reading and again after: a file replaced (new inode) or rewritten in place (new mtime)
+mid-fill is ``OriginChanged``, never a blob of mixed bytes. A link swapped into a parent
+directory leads to another inode, so the same comparison refuses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
 from collections.abc import AsyncGenerator, Callable
@@ -14,8 +21,14 @@ from pathlib import Path
 
 from preheat.artifacts.manifest import FileEntry, Manifest, check_relpath, revision_from_parts
 from preheat.artifacts.refs import ArtifactRef
-from preheat.errors import ObjectNotFound, OriginUnavailable, TruncatedBody, UnsafePath
-from preheat.sources.base import Location, Resolution
+from preheat.errors import (
+    ObjectNotFound,
+    OriginChanged,
+    OriginUnavailable,
+    TruncatedBody,
+    UnsafePath,
+)
+from preheat.sources.base import Location, Resolution, Unsupported
 
 _READ = 8 << 20
 
@@ -62,7 +75,7 @@ class FileSource:
         for rel, s in files:
             fp = f"file\0{root / rel}\0{s.st_size}\0{s.st_mtime_ns}\0{s.st_ino}"
             entries.append(FileEntry(rel, s.st_size, None))
-            locations[rel] = Location(url=str(root / rel), fingerprint=fp)
+            locations[rel] = Location(str(root / rel), fp, stat=_identity(s))
             parts.append((rel, str(s.st_size), str(s.st_mtime_ns), str(s.st_ino)))
         return Resolution(
             ref=self.ref,
@@ -72,12 +85,7 @@ class FileSource:
         )
 
     async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        try:
-            fd = await asyncio.to_thread(os.open, location.url, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{location.url} disappeared from the origin") from exc
-        except OSError as exc:
-            raise OriginUnavailable(f"cannot read {location.url}: {exc}") from exc
+        fd = await asyncio.to_thread(_open_pinned, location)
         try:
             pos = start
             while pos < end:
@@ -86,6 +94,7 @@ class FileSource:
                     raise TruncatedBody(
                         f"{location.url} ended at byte {pos}, expected {end} (changed at origin?)"
                     )
+                _check_unchanged(location, os.fstat(fd))
                 yield data
                 pos += len(data)
         finally:
@@ -103,23 +112,29 @@ class FileSource:
         on_bytes: Callable[[int, int], None],
     ) -> None:
         """Copy bytes [start, end) into ``fd`` in the kernel (copy_file_range(2)), in
-        pieces so progress is reported and a cancelled fill stops soon."""
-        try:
-            src = await asyncio.to_thread(os.open, location.url, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise ObjectNotFound(f"{location.url} disappeared from the origin") from exc
-        except OSError as exc:
-            raise OriginUnavailable(f"cannot read {location.url}: {exc}") from exc
+        pieces so progress is reported and a cancelled fill stops soon. Raises
+        ``Unsupported`` where the kernel cannot copy between the two filesystems."""
+        src = await asyncio.to_thread(_open_pinned, location)
         try:
             pos = start
             while pos < end:
-                n = await asyncio.to_thread(
-                    os.copy_file_range, src, fd, min(_READ, end - pos), pos, pos
-                )
+                try:
+                    n = await asyncio.to_thread(
+                        os.copy_file_range, src, fd, min(_READ, end - pos), pos, pos
+                    )
+                except OSError as exc:
+                    if exc.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise Unsupported(
+                            f"copy_file_range from {location.url}: {exc.strerror}"
+                        ) from exc
+                    raise
                 if n == 0:
                     raise TruncatedBody(
                         f"{location.url} ended at byte {pos}, expected {end} (changed at origin?)"
                     )
+                # the piece is in ``fd`` already; a change during the copy is caught here,
+                # before it counts, and the fill then publishes nothing of this file
+                _check_unchanged(location, os.fstat(src))
                 on_bytes(pos, n)
                 pos += n
         finally:
@@ -127,3 +142,51 @@ class FileSource:
 
     async def aclose(self) -> None:
         return None
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _open_pinned(location: Location) -> int:
+    """Open a file of the tree for reading, refusing a link and a file that changed."""
+    try:
+        fd = os.open(location.url, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise ObjectNotFound(f"{location.url} disappeared from the origin") from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OriginChanged(
+                f"{location.url} changed at the origin since it was resolved: it is now a "
+                "symbolic link, and links are refused (they can point outside the model); "
+                "nothing of it was published"
+            ) from exc
+        raise OriginUnavailable(f"cannot read {location.url}: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OriginChanged(
+                f"{location.url} changed at the origin since it was resolved: it is no "
+                "longer a regular file; nothing of it was published"
+            )
+        _check_unchanged(location, st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_unchanged(location: Location, st: os.stat_result) -> None:
+    """Raise ``OriginChanged`` unless ``st`` is the file ``resolve`` saw."""
+    if location.stat is None or _identity(st) == location.stat:
+        return
+    names = ("inode", "size", "mtime_ns")
+    what = ", ".join(
+        f"{n} {a} -> {b}"
+        for n, a, b in zip(names, location.stat, _identity(st), strict=True)
+        if a != b
+    )
+    raise OriginChanged(
+        f"{location.url} changed at the origin since it was resolved ({what}); nothing of "
+        "it was published; pull again to fetch the new revision"
+    )

@@ -4,36 +4,97 @@ With a manifest, the revision is the manifest's ``revision`` field or, when abse
 digest (so the revision changes exactly when some file's bytes do). A single file URL
 resolves through HEAD: the revision is derived from URL, ETag, Last-Modified and size, and
 the sha256 is computed while fetching. Byte ranges use ``Range: bytes=a-b`` over a pooled
-aiohttp session with ``connections`` keep-alive connections.
+aiohttp session with ``connections`` keep-alive connections, or the zero-copy splice pool.
+
+Conditional ranges: a file resolved through HEAD is pinned to the validator HEAD saw. Every
+ranged GET sends ``If-Match: <strong ETag>`` (else ``If-Unmodified-Since: <Last-Modified>``);
+a 412, or an answer whose ETag / Last-Modified differs from the pinned one (a server that
+ignores the condition, or answers 200 with the whole new body as ``If-Range`` would), is
+``OriginChanged``. Manifest files carry their sha256, which the fill checks instead.
+
+Messages show URLs through ``redact_url``: userinfo and query strings (presigned
+signatures) never reach an error, a log line or a label.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import re
-from collections.abc import AsyncGenerator, Callable
-from urllib.parse import urlsplit
+from collections.abc import AsyncGenerator, Callable, Mapping
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
 from preheat.artifacts.manifest import FileEntry, Manifest, revision_from_parts
-from preheat.artifacts.refs import ArtifactRef
+from preheat.artifacts.refs import ArtifactRef, redact_url
 from preheat.errors import (
     ConfigError,
     FetchError,
     ObjectNotFound,
+    OriginChanged,
     OriginUnavailable,
     RangeNotSupported,
     TruncatedBody,
 )
 from preheat.sources import _splice
-from preheat.sources.base import Location, Resolution
+from preheat.sources.base import Location, Resolution, Unsupported
 
 _SAFE = re.compile(r"[^A-Za-z0-9._~/-]")
 
 
 def _quote(path: str) -> str:
     return _SAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), path)
+
+
+def conditions(location: Location) -> dict[str, str]:
+    """Request headers that make a ranged GET fail with 412 once the file has changed.
+
+    ``If-Match`` needs a strong ETag (a weak one never matches); without one, the
+    Last-Modified date pins the file to the second."""
+    if location.etag and not location.etag.startswith("W/"):
+        return {"If-Match": location.etag}
+    if location.modified:
+        return {"If-Unmodified-Since": location.modified}
+    return {}
+
+
+def check_answer(location: Location, shown: str, status: int, headers: Mapping[str, str]) -> None:
+    """Raise ``OriginChanged`` when an answer is not about the bytes ``resolve`` saw.
+
+    ``headers`` maps lower-case names to values. Checked before the status is read as
+    success, so a 200 with the whole new body is a change, not a missing Range support."""
+    fix = "nothing of it was published; pull again to fetch the new revision"
+    if status == 412:
+        pinned = location.etag or location.modified
+        raise OriginChanged(
+            f"{shown} changed at the origin since it was resolved (412 Precondition "
+            f"Failed for {pinned}); {fix}"
+        )
+    if status not in (200, 206):
+        return
+    etag = headers.get("etag")
+    if location.etag and etag and etag.removeprefix("W/") != location.etag.removeprefix("W/"):
+        raise OriginChanged(
+            f"{shown} changed at the origin since it was resolved (ETag {location.etag} "
+            f"is now {etag}); {fix}"
+        )
+    modified = headers.get("last-modified")
+    if location.modified and modified and modified != location.modified:
+        raise OriginChanged(
+            f"{shown} changed at the origin since it was resolved (Last-Modified "
+            f"{location.modified} is now {modified}); {fix}"
+        )
+
+
+def _basic_auth(url: str) -> dict[str, str]:
+    """The ``Authorization`` header for a URL's userinfo (what aiohttp sends for it)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return {}
+    raw = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return {"Authorization": "Basic " + base64.b64encode(raw).decode("ascii")}
 
 
 class HttpSource:
@@ -77,7 +138,7 @@ class HttpSource:
         on_bytes: Callable[[int, int], None],
     ) -> None:
         """Write bytes [start, end) straight into ``fd`` with splice(2); raises
-        ``_splice.Unsupported`` (and stops using the fast path) when the origin's answer
+        ``Unsupported`` (and stops using the fast path) when the origin's answer
         needs a full HTTP client."""
         parts = urlsplit(location.url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
@@ -85,9 +146,19 @@ class HttpSource:
         if pool is None:
             pool = self._pools[key] = _splice.SplicePool(*key)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
+        shown = redact_url(location.url)
         try:
-            await pool.get_range(path, start, end, fd, on_bytes, location.url)
-        except _splice.Unsupported:
+            await pool.get_range(
+                path,
+                start,
+                end,
+                fd,
+                on_bytes,
+                shown,
+                headers={**conditions(location), **_basic_auth(location.url)},
+                check=functools.partial(check_answer, location, shown),
+            )
+        except Unsupported:
             self._splice_ok = False
             raise
 
@@ -98,19 +169,20 @@ class HttpSource:
 
     async def _resolve_manifest(self) -> Resolution:
         url = self.ref.location
+        shown = redact_url(url)
         try:
             async with self._sess().get(url) as resp:
-                _check_status(resp.status, url)
+                _check_status(resp.status, shown)
                 body = await resp.read()
         except aiohttp.ClientError as exc:
-            raise OriginUnavailable(f"cannot fetch manifest {url}: {exc}") from exc
+            raise OriginUnavailable(f"cannot fetch manifest {shown}: {_exc(exc)}") from None
         except TimeoutError as exc:
-            raise OriginUnavailable(f"timed out fetching manifest {url}") from exc
-        manifest = Manifest.from_json(body, where=url)
+            raise OriginUnavailable(f"timed out fetching manifest {shown}") from exc
+        manifest = Manifest.from_json(body, where=shown)
         if not manifest.complete:
             missing = [f.path for f in manifest.files if f.sha256 is None][:3]
             raise ConfigError(
-                f"{url}: every file needs a sha256 (missing for {missing}); regenerate it "
+                f"{shown}: every file needs a sha256 (missing for {missing}); regenerate it "
                 "with `preheat cache manifest DIR`"
             )
         import json
@@ -126,18 +198,19 @@ class HttpSource:
 
     async def _resolve_file(self) -> Resolution:
         url = self.ref.location
+        shown = redact_url(url)
         try:
             async with self._sess().head(url, allow_redirects=True) as resp:
-                _check_status(resp.status, url)
+                _check_status(resp.status, shown)
                 size = resp.headers.get("Content-Length")
                 etag = resp.headers.get("ETag", "")
                 modified = resp.headers.get("Last-Modified", "")
         except aiohttp.ClientError as exc:
-            raise OriginUnavailable(f"cannot reach {url}: {exc}") from exc
+            raise OriginUnavailable(f"cannot reach {shown}: {_exc(exc)}") from None
         except TimeoutError as exc:
-            raise OriginUnavailable(f"timed out reaching {url}") from exc
+            raise OriginUnavailable(f"timed out reaching {shown}") from exc
         if size is None:
-            raise OriginUnavailable(f"{url} sent no Content-Length; cannot fetch it in ranges")
+            raise OriginUnavailable(f"{shown} sent no Content-Length; cannot fetch it in ranges")
         name = url.rsplit("/", 1)[-1].split("?", 1)[0] or "file"
         fp = f"http\0{url}\0{etag}\0{modified}\0{size}"
         entry = FileEntry(name, int(size), None)
@@ -145,18 +218,29 @@ class HttpSource:
             self.ref,
             revision_from_parts("http", [(url, etag, modified, size)]),
             Manifest((entry,)),
-            {name: Location(url=url, fingerprint=fp)},
+            {name: Location(url=url, fingerprint=fp, etag=etag or None, modified=modified or None)},
         )
 
     async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
         url = location.url
+        shown = redact_url(url)
         pos = start
-        headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+        headers = {
+            "Range": f"bytes={start}-{end - 1}",
+            "Accept-Encoding": "identity",
+            **conditions(location),
+        }
         try:
             async with self._sess().get(url, headers=headers) as resp:
-                _check_status(resp.status, url)
+                check_answer(
+                    location,
+                    shown,
+                    resp.status,
+                    {k.lower(): resp.headers.get(k, "") for k in ("ETag", "Last-Modified")},
+                )
+                _check_status(resp.status, shown)
                 if resp.status == 200 and start != 0:
-                    raise RangeNotSupported(f"{url} ignored the Range header (status 200)")
+                    raise RangeNotSupported(f"{shown} ignored the Range header (status 200)")
                 reader = resp.content
                 while pos < end:
                     data = await reader.readany()
@@ -169,16 +253,23 @@ class HttpSource:
         except FetchError:
             raise
         except aiohttp.ClientPayloadError as exc:
-            raise TruncatedBody(f"{url}: body ended at byte {pos} of range end {end}") from exc
+            raise TruncatedBody(f"{shown}: body ended at byte {pos} of range end {end}") from exc
         except (aiohttp.ClientError, ConnectionError) as exc:
-            raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+            raise OriginUnavailable(f"{shown}: {_exc(exc)}") from None
         except TimeoutError as exc:
-            raise OriginUnavailable(f"{url}: read timed out at byte {pos}") from exc
+            raise OriginUnavailable(f"{shown}: read timed out at byte {pos}") from exc
         if pos < end:
-            raise TruncatedBody(f"{url}: body ended at byte {pos}, expected {end}")
+            raise TruncatedBody(f"{shown}: body ended at byte {pos}, expected {end}")
+
+
+def _exc(exc: BaseException) -> str:
+    """An aiohttp error as text, URL credentials redacted (some embed the request URL;
+    the caller raises ``from None`` so the unredacted original is not chained either)."""
+    return redact_url(f"{exc.__class__.__name__}: {exc}")
 
 
 def _check_status(status: int, url: str) -> None:
+    """Classify a status; ``url`` is already redacted."""
     if status in (200, 206):
         return
     if status in (404, 410):

@@ -7,7 +7,10 @@ Resolution lists the prefix and HEADs each object (``ChecksumMode=ENABLED``):
 - sha256: the object's ``ChecksumSHA256`` when it is a whole-object checksum, otherwise
   unknown until the fill hashes the bytes while fetching.
 
-Ranged GETs run in threads (boto3 is blocking), one per connection.
+Ranged GETs run in threads (boto3 is blocking), one per connection. Each is pinned to
+what resolution saw: ``VersionId`` in a versioned bucket (an overwrite makes a new version,
+the fill keeps reading the one it resolved), and ``IfMatch`` on the ETag always; S3's 412,
+or an answer with another ETag, is ``OriginChanged``.
 """
 
 from __future__ import annotations
@@ -20,28 +23,36 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from preheat.artifacts.manifest import FileEntry, Manifest, revision_from_parts
-from preheat.artifacts.refs import ArtifactRef
-from preheat.errors import ObjectNotFound, OriginUnavailable, TruncatedBody
+from preheat.artifacts.refs import ArtifactRef, redact_url
+from preheat.errors import ObjectNotFound, OriginChanged, OriginUnavailable, TruncatedBody
 from preheat.sources.base import Location, Resolution
 
 _READ = 4 << 20
 
 
-def _translate(exc: Exception, what: str) -> Exception:
+def _translate(exc: Exception, what: str, etag: str | None = None) -> Exception:
+    """A boto3/botocore error as preheat's; ``etag`` is the one a ranged GET was pinned to."""
     import botocore.exceptions as bce
 
+    said = redact_url(str(exc))  # botocore names the endpoint URL in some messages
     if isinstance(exc, bce.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in ("PreconditionFailed", "412") or status == 412:
+            return OriginChanged(
+                f"{what} changed at the origin since it was resolved (S3 answered 412 "
+                f"PreconditionFailed for ETag {etag}); nothing of it was published; pull "
+                "again to fetch the new revision"
+            )
         if code in ("NoSuchKey", "NoSuchBucket", "404", "NoSuchVersion") or status == 404:
             return ObjectNotFound(f"{what}: not found at the origin ({code or status})")
         if code in ("AccessDenied", "403") or status == 403:
             return ObjectNotFound(f"{what}: access denied ({code}); check credentials")
-        return OriginUnavailable(f"{what}: S3 error {code or status}: {exc}")
+        return OriginUnavailable(f"{what}: S3 error {code or status}: {said}")
     if isinstance(exc, bce.ResponseStreamingError | bce.IncompleteReadError):
-        return TruncatedBody(f"{what}: body ended early: {exc}")
+        return TruncatedBody(f"{what}: body ended early: {said}")
     if isinstance(exc, bce.BotoCoreError | OSError):
-        return OriginUnavailable(f"{what}: cannot reach S3: {exc}")
+        return OriginUnavailable(f"{what}: cannot reach S3: {said}")
     return exc
 
 
@@ -98,7 +109,7 @@ class S3Source:
             etag = str(head.get("ETag", "")).strip('"')
             fp = f"s3\0{self._endpoint}\0{self._bucket}\0{key}\0{version or etag}\0{size}"
             entries.append(FileEntry(rel, int(size), sha))
-            locations[rel] = Location(url=key, fingerprint=fp, version=version)
+            locations[rel] = Location(key, fp, version=version, etag=head.get("ETag") or None)
             parts.append((key, version or etag, str(size)))
         revision = revision_from_parts("s3-version" if versioned else "s3-etag", parts)
         return Resolution(self.ref, revision, Manifest(tuple(entries)), locations)
@@ -133,11 +144,21 @@ class S3Source:
         }
         if location.version:
             kwargs["VersionId"] = location.version
+        if location.etag:
+            kwargs["IfMatch"] = location.etag
         pos = start
         try:
-            body = (await self._run(lambda: self._client.get_object(**kwargs)))["Body"]
+            resp = await self._run(lambda: self._client.get_object(**kwargs))
         except Exception as exc:
-            raise _translate(exc, what) from exc
+            raise _translate(exc, what, location.etag) from exc
+        body = resp["Body"]
+        etag = resp.get("ETag")
+        if location.etag and etag and etag.strip('"') != location.etag.strip('"'):
+            body.close()  # an S3-compatible server that ignores IfMatch
+            raise OriginChanged(
+                f"{what} changed at the origin since it was resolved (ETag {location.etag} "
+                f"is now {etag}); nothing of it was published; pull again"
+            )
         try:
             while pos < end:
                 try:

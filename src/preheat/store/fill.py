@@ -15,6 +15,10 @@ How one file is fetched (``fetch_blob``):
   skips those ranges (the hash is recomputed from the bytes on disk).
 - A failed range (5xx, reset, truncated body) is retried with exponential backoff from
   the byte where it stopped; 404 is not retried.
+- Every range is conditional on the validator ``resolve`` saw (the source's job, see
+  ``sources/base.py``): a file that changed at the origin mid-fill raises
+  ``OriginChanged``, which is not retried; its partial file and state are deleted (they
+  hold bytes of a revision that no longer exists), so nothing of it is published.
 - On success the digest is compared with the manifest's; a mismatch deletes the partial
   file and raises ``DigestMismatch`` naming the file, expected and actual digest. A match
   is fsynced, made read-only and published with ``os.replace`` into ``blobs/``.
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import hashlib
 import heapq
@@ -42,20 +47,24 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from preheat.artifacts.refs import redact_url
+from preheat.config import format_size
 from preheat.errors import (
     DigestMismatch,
+    InsufficientSpace,
     ObjectNotFound,
+    OriginChanged,
     OriginUnavailable,
     RangeNotSupported,
     TruncatedBody,
 )
-from preheat.sources._splice import Unsupported
-from preheat.sources.base import Location, Source
+from preheat.sources.base import Location, Source, Unsupported
 from preheat.store.layout import Layout
 
 DEFAULT_CHUNK = 32 << 20
 _HASH_READ = 8 << 20
 RETRYABLE: tuple[type[BaseException], ...] = (OriginUnavailable, TruncatedBody, TimeoutError)
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # a filled disk, not a failed origin
 
 _libc = None
 with contextlib.suppress(OSError, AttributeError):
@@ -288,8 +297,28 @@ async def fetch_blob(
 ) -> str:
     """Fetch one file into ``tmp/<key>.part``, verify and publish it; returns its sha256.
 
-    The caller holds the per-``key`` lock.
+    The caller holds the per-``key`` lock. A full disk (while writing, saving the resume
+    state or at the final fsync, where delayed allocation reports it) is
+    ``InsufficientSpace``, and the partial file is removed to give the space back.
     """
+    try:
+        return await _fetch_blob(ctx, path, location, size, expected, key, seq)
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        _discard(ctx.layout.tmp / f"{key}.part", ctx.layout.tmp / f"{key}.json")
+        raise _disk_full(ctx, location, None, exc) from exc
+
+
+async def _fetch_blob(
+    ctx: FillContext,
+    path: str,
+    location: Location,
+    size: int,
+    expected: str | None,
+    key: str,
+    seq: int,
+) -> str:
     loop = asyncio.get_running_loop()
     part = ctx.layout.tmp / f"{key}.part"
     state = ctx.layout.tmp / f"{key}.json"
@@ -325,6 +354,10 @@ async def fetch_blob(
                     ctx.stats.resumed -= resumed
                     chunk, done = max(size, 1), set()
                     continue
+                if isinstance(first, OriginChanged | InsufficientSpace):
+                    os.close(fd)
+                    fd = -1
+                    _discard(part, state)
                 if first is exc:
                     raise
                 raise first from None
@@ -334,9 +367,7 @@ async def fetch_blob(
         if expected is not None and actual != expected:
             os.close(fd)
             fd = -1
-            for p in (part, state):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
+            _discard(part, state)
             raise DigestMismatch(path, expected, actual)
         if ctx.fsync:
             if prog.writebacks:
@@ -350,6 +381,29 @@ async def fetch_blob(
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
     return actual
+
+
+def _disk_full(
+    ctx: FillContext, location: Location, pos: int | None, exc: OSError
+) -> InsufficientSpace:
+    """ENOSPC/EDQUOT while writing a partial file, as the store's error with the numbers."""
+    st = os.statvfs(ctx.layout.tmp)
+    free = st.f_bavail * st.f_frsize
+    at = f" at byte {pos}" if pos is not None else ""
+    err = InsufficientSpace(
+        f"disk full while writing {redact_url(location.url)} into {ctx.layout.tmp}{at} "
+        f"({exc.strerror}); {format_size(free)} ({free} bytes) free there now. The "
+        "partial file was removed and nothing was published: free disk space (or lower "
+        "--capacity so eviction leaves room) and pull again"
+    )
+    err.free = free
+    return err
+
+
+def _discard(*paths: Path) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
 
 
 def publish_file(layout: Layout, src: Path, digest: str, dirty: set[Path] | None = None) -> Path:
@@ -438,7 +492,9 @@ async def _fetch_range(
                         if ctx.limiter is not None:
                             await ctx.limiter.take(n)
                 if pos < end:
-                    raise TruncatedBody(f"{location.url}: range ended at {pos}, expected {end}")
+                    raise TruncatedBody(
+                        f"{redact_url(location.url)}: range ended at {pos}, expected {end}"
+                    )
             except (ObjectNotFound, RangeNotSupported):
                 raise
             except RETRYABLE as exc:
@@ -450,6 +506,10 @@ async def _fetch_range(
                     ) from exc
                 await asyncio.sleep(min(5.0, ctx.backoff * 2 ** (attempt - 1)))
                 continue
+            except OSError as exc:  # writing the partial file (pwrite, splice, copy_file_range)
+                if exc.errno in _DISK_FULL:
+                    raise _disk_full(ctx, location, start + prog.filled[i], exc) from exc
+                raise
         break
     done.add(i)
     _save_state(state, prog.size, prog.chunk, location.fingerprint, done)
