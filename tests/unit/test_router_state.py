@@ -1,0 +1,74 @@
+"""The router's routing state (variants, instances, config changes) without HTTP."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from preheat.errors import ConfigError
+from preheat.router.config import parse_config
+from preheat.router.state import RoutingState
+
+SALT = b"0123456789abcdef-test-salt"
+A, B, C = "http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"
+
+
+def _state(**variant: object) -> RoutingState:
+    cfg = parse_config({"variants": [{"name": "chat", "instances": [A, B], **variant}]})
+    return RoutingState(cfg, salt=SALT, rng=random.Random(0))
+
+
+def test_the_state_module_imports_no_http_stack() -> None:
+    """Importing the routing state loads neither aiohttp nor asyncio's event loop machinery."""
+    code = (
+        "import sys, preheat.router.state\n"
+        "bad = sorted(m for m in ('aiohttp', 'preheat.router.upstream') if m in sys.modules)\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_a_config_change_keeps_instances_and_the_learned_policy() -> None:
+    """Instances that stay keep state and in-flight count; a same-shape change keeps the policy."""
+    s = _state(strategy="prefix_aware", concurrency_threshold=8)
+    a = s.find(A)
+    assert a is not None
+    a.in_flight = 3
+    s.set_state(a, "draining")
+    policy = s.variants["chat"].policy
+    new = s.config.to_dict()
+    new["variants"][0]["instances"] = [A, C]
+    new["variants"][0]["concurrency_threshold"] = 4
+    s.replace_config(parse_config(new))
+    rt = s.variants["chat"]
+    assert rt.policy is policy and policy.params.concurrency_threshold == 4  # type: ignore[attr-defined]
+    assert s.find(A) is a and a.in_flight == 3 and a.state == "draining"
+    assert s.find(B) is None
+    assert [u.id for u in rt.live] == [C]
+    new["variants"][0]["prefix_length"] = 4096
+    s.replace_config(parse_config(new))
+    assert s.variants["chat"].policy is not policy
+
+
+def test_states_and_variant_choice() -> None:
+    """Only healthy instances are live; an unknown variant name is a ConfigError naming it."""
+    s = _state()
+    b = s.find(B)
+    assert b is not None
+    s.set_state(b, "unhealthy")
+    assert [u.id for u in s.variants["chat"].live] == [A]
+    with pytest.raises(ConfigError, match="sleeping"):
+        s.set_state(b, "sleeping")
+    assert s.variant_for(None).config.name == "chat"
+    with pytest.raises(ConfigError, match="'nope' is unknown"):
+        s.variant_for("nope")
+    snap = s.snapshot()
+    assert snap["variants"][0]["instances"] == [
+        {"url": A, "state": "healthy", "in_flight": 0},
+        {"url": B, "state": "unhealthy", "in_flight": 0},
+    ]
