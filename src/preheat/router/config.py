@@ -149,6 +149,20 @@ class RouterConfig:
         }
 
 
+# Fields read once when the router starts (the HTTP server's body limit): a change through
+# ``PUT /admin/config`` is refused with the reason. Everything else applies live.
+RESTART_ONLY = ("max_body_bytes",)
+
+
+def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
+    """``"field old -> new"`` for each restart-only field that differs."""
+    return [
+        f"{name} {getattr(old, name)} -> {getattr(new, name)}"
+        for name in RESTART_ONLY
+        if getattr(old, name) != getattr(new, name)
+    ]
+
+
 def check_url(url: Any, *, where: str) -> str:
     """An instance URL: http(s)://host:port with no path, normalised without a trailing '/'."""
     if not isinstance(url, str):

@@ -76,6 +76,19 @@ class Proxy:
         self.decision_log = decision_log
         self.pool: UpstreamPool | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._log_failed = False
+        self.set_timeouts()
+
+    def set_timeouts(self) -> None:
+        """Take the config's connect and read timeouts (called on every config change, so
+        ``PUT /admin/config`` applies them to the next request)."""
+        cfg = self.state.config
+        self.client_timeout = aiohttp.ClientTimeout(
+            total=None, connect=cfg.connect_timeout_s, sock_read=cfg.upstream_timeout_s
+        )
+        if self.pool is not None:
+            self.pool.connect_timeout = cfg.connect_timeout_s
+            self.pool.read_timeout = cfg.upstream_timeout_s
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -223,7 +236,7 @@ class Proxy:
             cached = _cached_tokens(usage)
             rt.policy.on_done(rreq, choice, ok=ok, cached_tokens=cached)
             if sampled and self.decision_log is not None:
-                self.decision_log.write(
+                self._record(
                     RouteDecision(
                         ts=time.time(),
                         request_id=rreq.request_id,
@@ -239,6 +252,25 @@ class Proxy:
                         prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
                         decision_us=round(decision_us, 2),
                     )
+                )
+
+    def _record(self, decision: RouteDecision) -> None:
+        """Append a decision; a failed write (disk full, I/O error) drops the record, counts
+        it and warns once: telemetry never fails a request that was answered."""
+        assert self.decision_log is not None
+        try:
+            self.decision_log.write(decision)
+        except Exception as exc:  # any failure of the log, never the request
+            m = self.state.metrics
+            m.decision_log_dropped.inc()
+            if not self._log_failed:
+                self._log_failed = True
+                reason = exc.strerror if isinstance(exc, OSError) else None
+                log.warning(
+                    "decision log %s: a write failed (%s); requests go on, dropped records "
+                    "are counted in preheat_router_decision_log_dropped_total (warned once)",
+                    self.decision_log.path,
+                    reason or type(exc).__name__,
                 )
 
     async def _send(
@@ -258,14 +290,22 @@ class Proxy:
         url = origin + path
         try:
             try:
-                return _AiohttpResponse(await self.session.post(url, data=raw, headers=headers))
+                return _AiohttpResponse(
+                    await self.session.post(
+                        url, data=raw, headers=headers, timeout=self.client_timeout
+                    )
+                )
             except TimeoutError:
                 raise
             except aiohttp.ClientConnectorError:
                 raise
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 log.debug("retrying %s on a fresh connection after %r", url, exc)
-                return _AiohttpResponse(await self.session.post(url, data=raw, headers=headers))
+                return _AiohttpResponse(
+                    await self.session.post(
+                        url, data=raw, headers=headers, timeout=self.client_timeout
+                    )
+                )
         except TimeoutError:
             raise
         except aiohttp.ClientConnectorError as exc:
@@ -328,7 +368,9 @@ class Proxy:
         for rt in self.state.variants.values():
             for up in rt.live:
                 try:
-                    async with self.session.get(up.id + "/v1/models") as resp:
+                    async with self.session.get(
+                        up.id + "/v1/models", timeout=self.client_timeout
+                    ) as resp:
                         data = await resp.read()
                         ctype = resp.headers.get("Content-Type", "application/json")
                         return web.Response(

@@ -91,6 +91,7 @@ class Router(RoutingState):
         )
         self.handlers.session = self._session
         self.handlers.pool = self._pool
+        self.handlers.set_timeouts()
         checker = HealthChecker(self, self._session)
         self._health_task = asyncio.create_task(checker.run(), name="router-health")
 
@@ -106,6 +107,11 @@ class Router(RoutingState):
             await self._session.close()
         if self.decision_log is not None:
             self.decision_log.close()
+
+    def replace_config(self, config: RouterConfig) -> None:
+        """Apply a validated config live (timeouts included); restart-only fields refused."""
+        super().replace_config(config)
+        self.handlers.set_timeouts()
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from preheat.errors import ConfigError
-from preheat.router.config import RouterConfig, VariantConfig
+from preheat.router.config import RouterConfig, VariantConfig, restart_only_changes
 from preheat.router.metrics import RouterMetrics
 from preheat.router.policies import Policy, make_policy
 
@@ -118,7 +118,17 @@ class RoutingState:
                 self._export_health(u)
 
     def replace_config(self, config: RouterConfig) -> None:
-        """Apply a validated config; instances that stay keep their state and counters."""
+        """Apply a validated config; instances that stay keep their state and counters.
+
+        A change to a field that only takes effect at start (``RESTART_ONLY`` in
+        config.py) is refused with ``ConfigError`` and the current config stays.
+        """
+        changed = restart_only_changes(self.config, config)
+        if changed:
+            raise ConfigError(
+                "; ".join(changed) + ": fixed when the router starts; restart the router "
+                "with the new value (nothing was changed)"
+            )
         self._apply(config)
 
     def set_state(self, up: Upstream, state: str) -> None:
