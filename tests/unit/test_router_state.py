@@ -72,3 +72,21 @@ def test_states_and_variant_choice() -> None:
         {"url": A, "state": "healthy", "in_flight": 0},
         {"url": B, "state": "unhealthy", "in_flight": 0},
     ]
+
+
+@pytest.mark.parametrize("path", ["health", "@evil/x", "//other/x", "/a b", "/h?x=1", 7])
+def test_a_health_path_that_would_leave_the_instance_is_refused(path: object) -> None:
+    """health.path is appended to instance URLs, so only a plain absolute path is accepted."""
+    with pytest.raises(ConfigError, match="health.path"):
+        parse_config({"variants": [{"name": "v"}], "health": {"path": path}})
+
+
+def test_restart_only_fields_are_refused_and_the_config_stays() -> None:
+    """A new max_body_bytes is refused by name; timeouts in the same document are not applied."""
+    s = _state()
+    new = s.config.to_dict()
+    new["max_body_bytes"] = 4096
+    new["upstream_timeout_s"] = 1.0
+    with pytest.raises(ConfigError, match=r"max_body_bytes 8388608 -> 4096.*restart"):
+        s.replace_config(parse_config(new))
+    assert s.config.max_body_bytes == 8388608 and s.config.upstream_timeout_s == 300

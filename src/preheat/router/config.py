@@ -282,7 +282,7 @@ def parse_config(data: Any) -> RouterConfig:
         ),
         timeout_s=float(_number(health_raw.get("timeout_s", 1.0), "health.timeout_s", 0.05, 600)),
         failures=_number(health_raw.get("failures", 2), "health.failures", 1, 100, integer=True),
-        path=str(health_raw.get("path", "/health")),
+        path=_health_path(health_raw.get("path", "/health")),
     )
     return RouterConfig(
         variants=variants,
@@ -301,6 +301,21 @@ def parse_config(data: Any) -> RouterConfig:
         ),
         health=health,
     )
+
+
+def _health_path(value: Any) -> str:
+    # The path is appended to each instance URL: anything but a plain absolute path
+    # (e.g. "@other-host/x") would send the probes somewhere else.
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or value.startswith("//")
+        or any(c in value for c in " @#?\\")
+        or not value.isprintable()
+        or len(value) > 256
+    ):
+        raise ConfigError(f"health.path {value!r} must be an absolute path like /health")
+    return value
 
 
 def load_config(path: str | Path) -> RouterConfig:
