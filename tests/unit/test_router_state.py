@@ -90,3 +90,24 @@ def test_restart_only_fields_are_refused_and_the_config_stays() -> None:
     with pytest.raises(ConfigError, match=r"max_body_bytes 8388608 -> 4096.*restart"):
         s.replace_config(parse_config(new))
     assert s.config.max_body_bytes == 8388608 and s.config.upstream_timeout_s == 300
+
+
+def test_defaults_and_bounds_come_from_policy_params_and_the_dataclasses() -> None:
+    """An empty variant gets exactly PolicyParams(); every PolicyParams field round-trips
+    through to_dict, and PolicyParams' own bound is the one the config enforces."""
+    from dataclasses import fields
+
+    from preheat.router.config import HealthConfig, RouterConfig
+    from preheat.router.policies import PolicyParams
+
+    cfg = parse_config({"variants": [{"name": "v"}]})
+    assert cfg.variants[0].params == PolicyParams()
+    assert cfg.health == HealthConfig()
+    assert cfg.upstream_timeout_s == RouterConfig(variants=()).upstream_timeout_s
+    doc = cfg.to_dict()["variants"][0]
+    assert {f.name for f in fields(PolicyParams)} <= set(doc)
+    assert parse_config(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="concurrency_threshold 2000 is outside 1-1024"):
+        parse_config({"variants": [{"name": "v", "concurrency_threshold": 2000}]})
+    with pytest.raises(ConfigError, match="must be an integer"):
+        parse_config({"variants": [{"name": "v", "block_chars": 2048.5}]})
