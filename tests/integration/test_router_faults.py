@@ -121,8 +121,9 @@ class RawEngine:
     """An HTTP/1.1 server in its own thread: ``GET`` answers 200 ``{}`` (health, models),
     ``POST`` is handed to ``on_post``. ``sent`` counts body bytes the handlers wrote."""
 
-    def __init__(self, on_post: PostHandler) -> None:
+    def __init__(self, on_post: PostHandler, ssl: Any = None) -> None:
         self.on_post = on_post
+        self.ssl = ssl
         self.sent = 0
         self.posts = 0
         self.port = 0
@@ -133,7 +134,7 @@ class RawEngine:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl else 'http'}://127.0.0.1:{self.port}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -157,7 +158,7 @@ class RawEngine:
 
         async def main() -> None:
             self._stop = asyncio.Event()
-            server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.ssl)
             self.port = server.sockets[0].getsockname()[1]
             self._ready.set()
             await self._stop.wait()
@@ -181,6 +182,49 @@ class RawEngine:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+
+def self_signed(tmp_path: Path) -> tuple[Any, Path]:
+    """A TLS server context for 127.0.0.1 and the certificate file a client must trust."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "engine.crt", tmp_path / "engine.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert_path, key_path)
+    return ctx, cert_path
 
 
 def sse_head(chunked: bool = True) -> bytes:
@@ -209,12 +253,21 @@ def open_stream(url: str, body: dict[str, Any], rcvbuf: int = 65536) -> socket.s
 # --- defect 8: slow clients, full disks, live config ----------------------------------------
 
 
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "until-close"])
+@pytest.mark.parametrize(
+    ("chunked", "tls"),
+    [(True, False), (False, False), (True, True)],
+    ids=["chunked", "until-close", "https-aiohttp"],
+)
 def test_a_slow_client_does_not_make_the_router_buffer_the_stream(
-    tmp_path: Path, chunked: bool
+    tmp_path: Path, chunked: bool, tls: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An engine streams 150 MB as fast as it can to a client that stops reading: the
-    router pauses reading the engine, so its RSS grows by far less than the stream."""
+    router pauses reading the engine (the lean client for http, aiohttp's for https), so
+    its RSS grows by far less than the stream."""
+    ctx = None
+    if tls:
+        ctx, cert = self_signed(tmp_path)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the router process trusts it
     total = 150 * 1024 * 1024
     piece = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"
 
@@ -232,8 +285,9 @@ def test_a_slow_client_does_not_make_the_router_buffer_the_stream(
         await writer.drain()
         writer.close()
 
-    with RawEngine(flood) as engine, router_for(tmp_path, [engine.url]) as r:
-        post(r.url + "/v1/completions", {"prompt": "warm", "stream": False}, timeout=5)
+    with RawEngine(flood, ssl=ctx) as engine, router_for(tmp_path, [engine.url]) as r:
+        status, _, _ = post(r.url + "/v1/completions", {"prompt": "warm"}, timeout=5)
+        assert status == 200
         engine.sent = 0
         before = rss_kb(r.pid)
         s = open_stream(r.url, {"prompt": "x", "stream": True})
