@@ -14,7 +14,10 @@ Error handling: every bad request gets an OpenAI-style body
 ``{"error": {"message", "type", "param", "code"}}``: malformed JSON 400, a missing or
 wrong-typed field 400 naming it, a prompt beyond the context 400, a body over
 ``max_body_bytes`` 413, an unknown model 404. A client that disconnects mid-request
-(streaming or not) has its sequence aborted and its KV blocks freed.
+(streaming or not) has its sequence aborted and its KV blocks freed. An unexpected
+exception inside a scheduling step is logged with its traceback; the step's requests
+(every request in the engine when planning itself failed) are aborted and answered 500
+(or end their stream with an ``error`` event), and the loop goes on.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ class _Sink:
     """Where the engine task delivers one request's tokens."""
 
     stream: bool
-    queue: asyncio.Queue[SeqOutput] | None = None
+    queue: asyncio.Queue[SeqOutput | None] | None = None
     done: asyncio.Future[SeqOutput] | None = None
     last: SeqOutput | None = None
     arrival: float = 0.0
@@ -201,23 +204,51 @@ class EngineServer:
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = time.monotonic()
-            step = sched.schedule()
-            if step is None:  # waiting but nothing admissible and nothing running
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            dt = step.duration * self.time_scale
-            if dt > 0:
+            step = None
+            try:
+                step = sched.schedule()
+                if step is None:  # waiting but nothing admissible and nothing running
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                dt = step.duration * self.time_scale
+                if dt > 0:
+                    now = time.monotonic()
+                    # Catch up at most one step of timer lateness; never run ahead.
+                    deadline = max(deadline, now - dt) + dt
+                    if deadline > now:
+                        await asyncio.sleep(deadline - now)
+                else:
+                    await asyncio.sleep(0)
                 now = time.monotonic()
-                # Catch up at most one step of timer lateness; never run ahead.
-                deadline = max(deadline, now - dt) + dt
-                if deadline > now:
-                    await asyncio.sleep(deadline - now)
-            else:
+                for out in sched.complete(step, now):
+                    self._deliver(out, now)
+            except Exception:
+                ids = (
+                    [seq.req_id for seq, _ in step.scheduled]
+                    if step is not None
+                    else list(self._sinks)
+                )
+                log.exception(
+                    "engine step failed; failing its %d request(s) and going on", len(ids)
+                )
+                for req_id in ids:
+                    self._fail(req_id, "the engine step failed unexpectedly; retry the request")
                 await asyncio.sleep(0)
-            now = time.monotonic()
-            for out in sched.complete(step, now):
-                self._deliver(out, now)
+
+    def _fail(self, req_id: Hashable, message: str) -> None:
+        """Abort a request and answer it with a server error (500 or an SSE error event)."""
+        sink = self._sinks.pop(req_id, None)
+        with contextlib.suppress(Exception):
+            self.sched.abort(req_id)
+        if sink is None:
+            return
+        self.metrics.finished("abort")
+        if sink.stream:
+            assert sink.queue is not None
+            sink.queue.put_nowait(None)
+        elif sink.done is not None and not sink.done.done():
+            sink.done.set_exception(_BadRequest(500, message))
 
     def _deliver(self, out: SeqOutput, now: float) -> None:
         sink = self._sinks.get(out.req_id)
@@ -436,7 +467,15 @@ class EngineServer:
                 )
             assert sink.queue is not None
             while True:
-                out = await sink.queue.get()
+                item = await sink.queue.get()
+                if item is None:  # the engine step failed (logged by the engine loop)
+                    finished = True
+                    err = {"message": "the engine step failed unexpectedly; retry the request"}
+                    await resp.write(b"event: error\ndata: " + json.dumps({"error": err}).encode())
+                    await resp.write(b"\n\n")
+                    await resp.write_eof()
+                    return resp
+                out = item
                 pos = out.num_output_tokens - len(out.new_token_ids)
                 piece = filler_text(pos, len(out.new_token_ids))
                 c: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason}

@@ -6,7 +6,9 @@ Every call needs ``Authorization: Bearer <token>`` (401 without or with a wrong 
 * ``GET /admin/config``: the whole config, each instance as {url, state, in_flight},
   state one of healthy | unhealthy | draining.
 * ``PUT /admin/config``: replace the whole config (same format; instances may be URLs
-  or objects). Invalid -> 400 with the reason, and the old config stays.
+  or objects), live: timeouts and health settings apply to the next request or round.
+  Invalid, or a change to a restart-only field (``max_body_bytes``) -> 400 with the
+  reason, and the old config stays.
 * ``POST /admin/instances/add`` {"variant", "url"}: the instance takes traffic at once.
 * ``POST /admin/instances/remove`` {"variant", "url"}: no new requests; in-flight ones
   finish.

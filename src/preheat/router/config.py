@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,23 +41,26 @@ from preheat.errors import ConfigError
 from preheat.router.policies import POLICIES, PolicyParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_VARIANT_KEYS = {
-    "name",
-    "weight",
-    "strategy",
-    "prefix_length",
-    "concurrency_threshold",
-    "balance_epsilon",
-    "block_chars",
-    "index_entries",
-    "max_holders",
-    "balance_window",
-    "load_weight",
-    "placement",
-    "instances",
+# The routing parameters, their defaults and their bounds are PolicyParams' own (it
+# validates itself); this module only names them and checks their JSON types.
+PARAM_KEYS = tuple(f.name for f in fields(PolicyParams))
+_PARAM_TYPES = {f.name: str(f.type) for f in fields(PolicyParams)}
+_VARIANT_KEYS = {"name", "weight", "strategy", "instances", *PARAM_KEYS}
+# Bounds of the numeric fields outside PolicyParams: (low, high, integer). The defaults
+# are the dataclass defaults below; nothing else repeats them.
+_TOP_BOUNDS = {
+    "upstream_timeout_s": (0.05, 86400, False),
+    "connect_timeout_s": (0.05, 600, False),
+    "max_body_bytes": (1024, 1 << 30, True),
 }
-_TOP_KEYS = {"variants", "upstream_timeout_s", "connect_timeout_s", "max_body_bytes", "health"}
-_HEALTH_KEYS = {"interval_s", "timeout_s", "failures", "path"}
+_HEALTH_BOUNDS = {
+    "interval_s": (0.05, 3600, False),
+    "timeout_s": (0.05, 600, False),
+    "failures": (1, 100, True),
+}
+_WEIGHT_BOUNDS = (0, 1e6)
+_TOP_KEYS = {"variants", "health", *_TOP_BOUNDS}
+_HEALTH_KEYS = {"path", *_HEALTH_BOUNDS}
 PATCHABLE = (
     "strategy",
     "prefix_length",
@@ -97,15 +100,7 @@ class VariantConfig:
             "name": self.name,
             "weight": self.weight,
             "strategy": self.strategy,
-            "prefix_length": p.prefix_length,
-            "concurrency_threshold": p.concurrency_threshold,
-            "balance_epsilon": p.balance_epsilon,
-            "block_chars": p.block_chars,
-            "index_entries": p.index_entries,
-            "max_holders": p.max_holders,
-            "balance_window": p.balance_window,
-            "load_weight": p.load_weight,
-            "placement": p.placement,
+            **{k: getattr(p, k) for k in PARAM_KEYS},
             "instances": list(self.instances),
         }
 
@@ -149,6 +144,20 @@ class RouterConfig:
         }
 
 
+# Fields read once when the router starts (the HTTP server's body limit): a change through
+# ``PUT /admin/config`` is refused with the reason. Everything else applies live.
+RESTART_ONLY = ("max_body_bytes",)
+
+
+def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
+    """``"field old -> new"`` for each restart-only field that differs."""
+    return [
+        f"{name} {getattr(old, name)} -> {getattr(new, name)}"
+        for name in RESTART_ONLY
+        if getattr(old, name) != getattr(new, name)
+    ]
+
+
 def check_url(url: Any, *, where: str) -> str:
     """An instance URL: http(s)://host:port with no path, normalised without a trailing '/'."""
     if not isinstance(url, str):
@@ -189,37 +198,31 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
             f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
             f"known: {', '.join(sorted(_VARIANT_KEYS))}"
         )
-    strategy = data.get("strategy", "random")
+    strategy = data.get("strategy", _default(VariantConfig, "strategy"))
     if strategy not in POLICIES:
         raise ConfigError(
             f"{where}: strategy {strategy!r} is unknown; choose one of {', '.join(POLICIES)}"
         )
-    weight = float(_number(data.get("weight", 1.0), f"{where}: weight", 0, 1e6))
-    defaults = PolicyParams()
-    kwargs = {
-        k: data[k]
-        for k in (
-            "prefix_length",
-            "concurrency_threshold",
-            "balance_epsilon",
-            "block_chars",
-            "index_entries",
-            "max_holders",
-            "balance_window",
-            "load_weight",
-            "placement",
+    weight = float(
+        _number(
+            data.get("weight", _default(VariantConfig, "weight")),
+            f"{where}: weight",
+            *_WEIGHT_BOUNDS,
         )
-        if k in data
-    }
+    )
+    kwargs = {k: data[k] for k in PARAM_KEYS if k in data}
     for k, v in kwargs.items():
-        if k == "placement":
+        kind = _PARAM_TYPES[k]
+        if kind == "str":
+            if not isinstance(v, str):
+                raise ConfigError(f"{where}: {k} {v!r} is not a string")
             continue
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ConfigError(f"{where}: {k} {v!r} is not a number")
-        if k not in ("balance_epsilon", "load_weight") and not isinstance(v, int):
+        if kind == "int" and not isinstance(v, int):
             raise ConfigError(f"{where}: {k} {v!r} must be an integer")
     try:
-        params = replace(defaults, **kwargs)
+        params = PolicyParams(**kwargs)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     raw = data.get("instances", [])
@@ -263,30 +266,52 @@ def parse_config(data: Any) -> RouterConfig:
     if not isinstance(health_raw, Mapping) or set(health_raw) - _HEALTH_KEYS:
         raise ConfigError(f"health must be a mapping of {', '.join(sorted(_HEALTH_KEYS))}")
     health = HealthConfig(
-        interval_s=float(
-            _number(health_raw.get("interval_s", 2.0), "health.interval_s", 0.05, 3600)
-        ),
-        timeout_s=float(_number(health_raw.get("timeout_s", 1.0), "health.timeout_s", 0.05, 600)),
-        failures=_number(health_raw.get("failures", 2), "health.failures", 1, 100, integer=True),
-        path=str(health_raw.get("path", "/health")),
+        **_numbers(health_raw, HealthConfig, _HEALTH_BOUNDS, "health."),
+        path=_health_path(health_raw.get("path", _default(HealthConfig, "path"))),
     )
     return RouterConfig(
-        variants=variants,
-        upstream_timeout_s=float(
-            _number(data.get("upstream_timeout_s", 300.0), "upstream_timeout_s", 0.05, 86400)
-        ),
-        connect_timeout_s=float(
-            _number(data.get("connect_timeout_s", 5.0), "connect_timeout_s", 0.05, 600)
-        ),
-        max_body_bytes=_number(
-            data.get("max_body_bytes", 8 * 1024 * 1024),
-            "max_body_bytes",
-            1024,
-            1 << 30,
-            integer=True,
-        ),
-        health=health,
+        variants=variants, health=health, **_numbers(data, RouterConfig, _TOP_BOUNDS, "")
     )
+
+
+def _default(cls: type, name: str) -> Any:
+    """The dataclass default of ``cls.name`` (the one place a default is written)."""
+    for f in fields(cls):
+        if f.name == name:
+            if f.default is not MISSING:
+                return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+    raise KeyError(name)
+
+
+def _numbers(
+    data: Mapping[str, Any],
+    cls: type,
+    bounds: Mapping[str, tuple[float, float, bool]],
+    prefix: str,
+) -> dict[str, Any]:
+    """Each bounded numeric field of ``cls`` from ``data`` (or its default), checked."""
+    out: dict[str, Any] = {}
+    for name, (lo, hi, integer) in bounds.items():
+        v = _number(data.get(name, _default(cls, name)), prefix + name, lo, hi, integer=integer)
+        out[name] = v if integer else float(v)
+    return out
+
+
+def _health_path(value: Any) -> str:
+    # The path is appended to each instance URL: anything but a plain absolute path
+    # (e.g. "@other-host/x") would send the probes somewhere else.
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or value.startswith("//")
+        or any(c in value for c in " @#?\\")
+        or not value.isprintable()
+        or len(value) > 256
+    ):
+        raise ConfigError(f"health.path {value!r} must be an absolute path like /health")
+    return value
 
 
 def load_config(path: str | Path) -> RouterConfig:

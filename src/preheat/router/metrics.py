@@ -105,6 +105,11 @@ class RouterMetrics:
             ["status"],
             registry=r,
         )
+        self.decision_log_dropped = Counter(
+            "preheat_router_decision_log_dropped",
+            "Decision-log records dropped because the write failed (disk full, I/O error)",
+            registry=r,
+        )
         self._children: dict[tuple[str, ...], Any] = {}
 
     def observe(self, variant: str, strategy: str, outcome: str, instance: str, us: float) -> None:

@@ -13,7 +13,12 @@ benchmarks/router_overhead.py's notes); this client does only what the proxy nee
 * keep connections alive per origin (LIFO, so the warmest is reused) and close those
   whose response was not read to the end;
 * time out when no byte arrives for ``read_timeout`` seconds (``TimeoutError``), and
-  a connect after ``connect_timeout`` (``TimeoutError``).
+  a connect after ``connect_timeout`` (``TimeoutError``);
+* apply backpressure: once ``HIGH_WATER`` bytes wait unread in a connection's buffer
+  (the proxy is blocked writing to a slow client), stop reading the socket
+  (``pause_reading``) until the reader has taken the buffer below ``LOW_WATER``. The
+  instance's own TCP send buffer then fills and it blocks: a slow client costs the
+  router at most ``HIGH_WATER`` plus one read per stream, never the whole answer.
 
 Errors: ``ConnectFailed`` (the instance refused or is unreachable: it is down),
 ``Disconnected`` (the connection closed before the response was complete; ``reused``
@@ -29,6 +34,8 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 MAX_HEAD = 65536
+HIGH_WATER = 256 * 1024
+LOW_WATER = 64 * 1024
 _CRLF2 = b"\r\n\r\n"
 
 
@@ -60,6 +67,7 @@ class _Conn(asyncio.Protocol):
         "buf",
         "closed",
         "origin",
+        "paused",
         "pool",
         "resp",
         "reused",
@@ -75,6 +83,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.waiter: asyncio.Future[None] | None = None
         self.reused = False
+        self.paused = False
         self.resp: UpstreamResponse | None = None
 
     # --- protocol callbacks -------------------------------------------------------------
@@ -83,7 +92,11 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
+        buf = self.buf
+        buf += data
+        if len(buf) > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -100,9 +113,20 @@ class _Conn(asyncio.Protocol):
 
     # --- reading --------------------------------------------------------------------------
 
+    def consumed(self) -> None:
+        """The reader took bytes out of ``buf``: resume reading below ``LOW_WATER``."""
+        if self.paused and len(self.buf) < LOW_WATER:
+            self.paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+
     async def wait_data(self, timeout: float | None) -> None:
         """Wait until more bytes arrive or the connection closes; TimeoutError after
         ``timeout`` seconds of silence."""
+        if self.paused:  # the reader needs more than what is buffered: read again
+            self.paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
         loop = self.pool.loop
         w = self.waiter = loop.create_future()
         handle = None
@@ -180,6 +204,7 @@ class UpstreamResponse:
             del buf[:left]
             self._left = 0
             self._done = True
+            self.conn.consumed()
             return data
         parts = []
         async for chunk in self.iter_any():
@@ -208,6 +233,7 @@ class UpstreamResponse:
                     self._left = left
                     if left == 0:
                         self._done = True
+                conn.consumed()
                 yield data
                 continue
             if conn.closed:
@@ -260,6 +286,7 @@ class UpstreamResponse:
                 data = bytes(buf[:left])
                 del buf[: len(data)]
                 left -= len(data)
+                conn.consumed()
                 yield data
             while len(buf) < 2:
                 await self._more(timeout)
