@@ -75,3 +75,24 @@ async def test_loop_logs_faults_with_traceback_and_keeps_going(tmp_path: Path) -
     assert "RuntimeError: injected start fault" in text
     assert "KeyError: 'injected observe fault'" in text
     assert any("reconcile: StartReplica failed" in m for m in log.messages)
+
+
+def test_repeated_error_logged_once_then_counted(tmp_path: Path) -> None:
+    """The same unexpected error on every tick writes one traceback, not one per tick;
+    a different error is logged in full and reports how often the first repeated."""
+    log = FleetLog(tmp_path / "fleet.log")
+
+    def fail(exc: Exception) -> None:
+        try:
+            raise exc
+        except Exception as caught:
+            log.error("reconcile: observe failed", caught)
+
+    for _ in range(5):
+        fail(OSError("disk gone"))
+    fail(ValueError("other"))
+    log.close()
+    text = (tmp_path / "fleet.log").read_text()
+    assert log.errors == 6
+    assert text.count("Traceback (most recent call last)") == 2
+    assert "repeated 4 more time(s)" in text

@@ -21,9 +21,12 @@ from typing import TextIO
 
 from preheat.artifacts.refs import redact_url
 
-__all__ = ["FleetLog"]
+__all__ = ["REPEAT_WINDOW", "FleetLog"]
 
 logger = logging.getLogger("preheat.fleet")
+
+#: Seconds during which the same unexpected error is counted, not logged again.
+REPEAT_WINDOW = 60.0
 
 
 class FleetLog:
@@ -37,6 +40,8 @@ class FleetLog:
         #: Unexpected exceptions logged with a traceback (reconcile loop, tasks).
         self.errors = 0
         self._file: TextIO | None = None
+        self._last_error: tuple[str, float] | None = None
+        self._repeats = 0
 
     def _write(self, line: str) -> None:
         if self.path is None:
@@ -56,9 +61,21 @@ class FleetLog:
             logger.warning("cannot write %s: %s", self.path, exc)
 
     def error(self, what: str, exc: BaseException) -> None:
-        """An unexpected exception: one line in status, the traceback in the log."""
+        """An unexpected exception: one line in status, the traceback in the log. The
+        same error again within ``REPEAT_WINDOW`` seconds is only counted (a fault that
+        persists across ticks must not fill the disk)."""
         self.errors += 1
         summary = redact_url(f"{what}: {type(exc).__name__}: {exc}")
+        now = time.monotonic()
+        if self._last_error is not None:
+            last, since = self._last_error
+            if last == summary and now - since < REPEAT_WINDOW:
+                self._repeats += 1
+                return
+            if self._repeats:
+                self.say(f"the previous error repeated {self._repeats} more time(s)")
+        self._last_error = (summary, now)
+        self._repeats = 0
         trace = redact_url("".join(traceback.format_exception(exc)))
         self.say(f"{summary} (traceback in {self.path or 'the log'})")
         logger.error("%s\n%s", summary, trace.rstrip())
