@@ -245,7 +245,11 @@ async def test_node_loss_during_rollout_completes_on_remaining_nodes(tmp_path: P
         assert {r["phase"] for r in st["replicas"]} == {"ready"}
         assert load.ok > 20, load
         assert load.failed <= concurrency, (load.failed, in_flight, load.errors[:5])
-        print(f"node loss mid-rollout: {load.ok} ok, {load.failed} failed, {in_flight} in flight")
+        bad = [c for c in load.statuses if c != 200]
+        print(
+            f"node loss mid-rollout: {load.ok} ok, {load.failed} failed "
+            f"(statuses {bad}, errors {load.errors[:3]}), {in_flight} in flight just before"
+        )
 
 
 async def test_origin_down_during_scale_out_waits_then_starts(
