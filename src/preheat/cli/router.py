@@ -85,8 +85,14 @@ def router() -> None:
 @click.option(
     "--admin-token",
     envvar="PREHEAT_ADMIN_TOKEN",
-    help="Bearer token of the /admin API (or env PREHEAT_ADMIN_TOKEN); without it the "
-    "admin API answers 403.",
+    help="Bearer token of the /admin API. Prefer env PREHEAT_ADMIN_TOKEN or "
+    "--admin-token-file: a token on the command line is visible to every local user. "
+    "Without a token the admin API answers 403.",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="File holding the admin token (mode 0600: refused if group or others can read it).",
 )
 @click.option(
     "--salt-file",
@@ -128,6 +134,7 @@ def serve(
     placement: str,
     config_file: Path | None,
     admin_token: str | None,
+    admin_token_file: Path | None,
     salt_file: Path | None,
     decision_log: Path | None,
     decision_sample: float,
@@ -141,7 +148,7 @@ def serve(
     Example:
       preheat router serve --port 8080 --strategy prefix_aware \\
           --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \\
-          --admin-token "$TOKEN"
+          --admin-token-file ~/.preheat/admin-token
     A variant may start with no instance (requests get 503 + Retry-After until
     POST /admin/instances/add gives it one).
     """
@@ -180,6 +187,7 @@ def serve(
         if health_interval is not None:
             raw["health"]["interval_s"] = health_interval
         cfg = parse_config(raw)
+        admin_token = _admin_token(admin_token, admin_token_file)
         salt = _salt(salt_file)
         rng = random.Random(secrets.randbits(64))
         dlog = (
@@ -194,6 +202,39 @@ def serve(
         host=host,
         port=port,
     )
+
+
+def _admin_token(given: str | None, path: Path | None) -> str | None:
+    """The admin token from --admin-token-file, PREHEAT_ADMIN_TOKEN or --admin-token (the
+    last with a warning: argv is world-readable in /proc/PID/cmdline)."""
+    source = click.get_current_context().get_parameter_source("admin_token")
+    on_argv = source is click.core.ParameterSource.COMMANDLINE
+    if path is not None:
+        if on_argv:
+            raise ConfigError("give either --admin-token or --admin-token-file, not both")
+        return _read_secret_file(path, "--admin-token-file")
+    if on_argv:
+        click.echo(
+            "preheat router: warning: --admin-token on the command line is visible to every "
+            "local user (ps, /proc/PID/cmdline); pass it in PREHEAT_ADMIN_TOKEN or "
+            "--admin-token-file (mode 0600) instead",
+            err=True,
+        )
+    return given or None
+
+
+def _read_secret_file(path: Path, option: str) -> str:
+    """A secret from a file only its owner can read; the error says how to fix the mode."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{option} {path} has mode {mode:04o}: group or others can read the secret; "
+            f"run `chmod 600 {path}`"
+        )
+    text = path.read_text().strip()
+    if not text:
+        raise ConfigError(f"{option} {path} is empty; write the token into it")
+    return text
 
 
 def _salt(path: Path | None) -> bytes:

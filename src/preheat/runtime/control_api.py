@@ -34,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
+from preheat.artifacts.refs import redact_url
 from preheat.config import parse_size
 from preheat.control.spec import parse_endpoint
 from preheat.errors import ConfigError, ControlError
@@ -97,14 +98,15 @@ class ControlServer:
             given.encode(), self.token.encode()
         ):
             return web.json_response({"error": "unauthorized"}, status=401)
+        # Error messages may quote a source URL: never with its credentials.
         try:
             return await handler(request)
         except ConfigError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return web.json_response({"error": redact_url(str(exc))}, status=400)
         except ControlError as exc:
-            return web.json_response({"error": str(exc)}, status=409)
+            return web.json_response({"error": redact_url(str(exc))}, status=409)
         except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": f"bad request: {exc}"}, status=400)
+            return web.json_response({"error": redact_url(f"bad request: {exc}")}, status=400)
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:

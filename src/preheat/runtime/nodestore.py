@@ -2,8 +2,8 @@
 
 The fleet keys everything by the *revision* a source resolved to when the spec was
 applied. A pull resolves the source again; if the origin now serves something else the
-pull is refused (the endpoint keeps what it pinned; applying the spec again picks the new
-revision up). Origin downloads are limited to the node's ``origin_bandwidth``.
+store refuses it with ``RevisionChanged`` before fetching a byte (the endpoint keeps what
+it pinned; applying the spec again picks the new revision up). Origin downloads are limited to the node's ``origin_bandwidth``.
 """
 
 from __future__ import annotations
@@ -105,14 +105,11 @@ class NodeCache:
     async def _pull(
         self, source: str, revision: str, progress: Callable[[int, int], None] | None
     ) -> PullOutcome:
+        # The store resolves first and refuses (RevisionChanged) before any byte moves
+        # when the origin no longer serves the pinned revision.
         result = await self.store.apull(
-            source, rate_limit=self.spec.origin_bandwidth, progress=progress
+            source, rate_limit=self.spec.origin_bandwidth, progress=progress, revision=revision
         )
-        if result.revision != revision:
-            raise ControlError(
-                f"{source} now resolves to {result.revision[:16]}, not the revision "
-                f"{revision[:16]} this endpoint pinned; run `preheat apply` to roll to it"
-            )
         return PullOutcome(
             result.snapshot,
             result.manifest_digest,

@@ -1,9 +1,11 @@
 """The router as a child process, driven through its admin API.
 
-``preheat router serve --port P --config FILE --admin-token T`` starts with every
-variant of the endpoint and no instances; the fleet adds an instance once its replica is
-healthy and answered a first request, drains it before stopping it, and patches the
-strategy when the spec changes. Every call carries the bearer token. With
+``preheat router serve --port P --config FILE`` starts with every variant of the
+endpoint and no instances. The admin token travels in the child's environment
+(``PREHEAT_ADMIN_TOKEN``), never on its command line: ``/proc/PID/cmdline`` is readable
+by every local user, ``/proc/PID/environ`` only by the owner. The fleet adds an
+instance once its replica is healthy and answered a first request, drains it before
+stopping it, and patches the strategy when the spec changes. Every call carries the bearer token. With
 ``decision_log`` the router also appends a sampled ``RouteDecision`` per request
 (``--decision-log``/``--decision-sample``): predicted vs engine-reported cached tokens.
 """
@@ -86,8 +88,6 @@ class RouterProcess:
             str(self.port),
             "--config",
             str(conf),
-            "--admin-token",
-            self.token,
         )
         if self.decision_log is not None:
             argv += [
@@ -96,7 +96,9 @@ class RouterProcess:
                 "--decision-sample",
                 repr(self.decision_sample),
             ]
-        self.child = await spawn(argv, self.state_dir / "logs" / "router.log")
+        self.child = await spawn(
+            argv, self.state_dir / "logs" / "router.log", env={"PREHEAT_ADMIN_TOKEN": self.token}
+        )
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         if not await wait_http_ok(
             self._session, f"{self.url}/health", timeout=timeout, child=self.child

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from rich.table import Table
 
+from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
 
 __all__ = [
@@ -53,11 +54,16 @@ class SnapshotEntry:
 
 @dataclass(frozen=True, slots=True)
 class WarmupFailure:
-    """The last failed warm-up of a node, as the controller saw it."""
+    """The last failed warm-up of a node, as the controller saw it. ``reason`` is
+    redacted (``redact_url``) when built: it becomes a Prometheus label on the
+    token-free ``/metrics`` and a line in status and reports."""
 
     revision: str
     reason: str
     at: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", redact_url(self.reason))
 
 
 @dataclass(frozen=True, slots=True)

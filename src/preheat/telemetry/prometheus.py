@@ -53,6 +53,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from preheat.artifacts.refs import redact_url
 from preheat.telemetry.events import StartRecord
 from preheat.telemetry.inventory import NodeInventory
 
@@ -159,7 +160,9 @@ class _InventoryCollector(Collector):
             failing.add_metric([node.node], 0 if node.last_warmup_failure is None else 1)
             if node.last_warmup_failure is not None:
                 f = node.last_warmup_failure
-                failure.add_metric([node.node, f.revision, f.reason[:200]], f.at)
+                # Redacted before the cut, so a cut never leaves half a credential.
+                reason = redact_url(f.reason)[:200]
+                failure.add_metric([node.node, f.revision, reason], f.at)
             for s in node.snapshots:
                 key = [node.node, s.revision]
                 size.add_metric(key, s.size_bytes)

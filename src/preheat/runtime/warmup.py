@@ -1,0 +1,156 @@
+"""Warm-ups: fill a revision into a node's store ahead of the replicas that need it.
+
+A warm-up is one background task per (node, revision); a second ``Warm`` for the same
+pair while one runs is a no-op. The node's ``CacheView`` tells the planner where it
+stands (``WarmState``): ``warming`` while the fill runs (``progress`` has bytes done and
+total), ``ready`` once the snapshot is published (pinned if the spec says so),
+``failed`` with the reason and a backoff (``WARM_BACKOFF``) before the planner warms it
+again, ``unfit`` with the numbers when the node's disk cannot hold the model.
+
+A replica on a cold node pulls the revision itself (``pull_for_replica``): it shares a
+warm-up already running there and otherwise retries an unreachable origin with the same
+backoff, the reason in the replica's ``detail``, until it is stopped.
+
+Failure reasons are redacted (``redact_url``) before they reach a cache view, the
+node's ``WarmupFailure`` (a Prometheus label), a message or a replica's detail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from preheat.artifacts.refs import redact_url
+from preheat.config import format_size
+from preheat.errors import FetchError, InsufficientSpace, PreheatError
+from preheat.runtime.model import FleetState, Node, Replica, WarmState, cache_view
+from preheat.runtime.nodestore import PullOutcome
+from preheat.telemetry.inventory import WarmupFailure
+
+__all__ = ["WARM_BACKOFF", "Warmer"]
+
+WARM_BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt + 1`` (0-based attempt)."""
+    return WARM_BACKOFF[min(attempt, len(WARM_BACKOFF) - 1)]
+
+
+class Warmer:
+    """Starts and tracks warm-ups on the fleet's nodes."""
+
+    def __init__(self, state: FleetState) -> None:
+        self.state = state
+
+    def start(self, node_name: str, revision: str) -> None:
+        """Warm ``revision`` on the node in the background (idempotent while it runs)."""
+        node = self.state.nodes[node_name]
+        running = node.warm_tasks.get(revision)
+        if running is not None and not running.done():
+            return
+        node.views[revision] = cache_view(WarmState.WARMING)
+        task = asyncio.create_task(self._warm(node, revision), name=f"warm-{node_name}")
+        node.warm_tasks[revision] = self.state.log.watch(task, f"warm-up on {node_name}")
+
+    def cancel_node(self, node: Node) -> None:
+        """A lost node's running warm-ups stop; it is warmed again when it comes back."""
+        for rev, task in list(node.warm_tasks.items()):
+            if not task.done():
+                task.cancel()
+                node.views.pop(rev, None)
+
+    async def stop(self) -> None:
+        """Cancel every warm-up and wait for them (partial files stay resumable)."""
+        tasks = [t for n in self.state.nodes.values() for t in n.warm_tasks.values()]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    async def pull(self, node: Node, revision: str) -> PullOutcome:
+        """Pull ``revision`` into ``node``; updates the node's cache view either way."""
+        st = self.state
+        rv = st.rv(revision)
+        node.views[revision] = cache_view(WarmState.WARMING)
+
+        def progress(done: int, total: int) -> None:
+            node.progress[revision] = (done, total)
+
+        try:
+            outcome = await node.cache.pull(rv.source, revision, progress=progress)
+        except InsufficientSpace as exc:
+            why = redact_url(str(exc))
+            node.views[revision] = cache_view(WarmState.UNFIT, reason=why)
+            node.last_failure = WarmupFailure(revision, why, st.clock.wall())
+            st.say(f"{node.name} cannot hold {revision[:12]}: {why}")
+            raise
+        except (FetchError, PreheatError, OSError) as exc:
+            why = redact_url(str(exc))
+            n = node.warm_failures[revision]
+            node.warm_failures[revision] += 1
+            delay = backoff(n)
+            node.views[revision] = cache_view(
+                WarmState.FAILED,
+                reason=f"{why}; retry {n + 1} in {delay:.0f} s",
+                retry_at=st.clock.now() + delay,
+            )
+            node.last_failure = WarmupFailure(revision, why, st.clock.wall())
+            st.say(f"warm-up of {revision[:12]} on {node.name} failed: {why}")
+            raise
+        finally:
+            node.progress.pop(revision, None)
+        node.warm_failures.pop(revision, None)
+        # The node's last warm-up now succeeded: its failure is history (said above).
+        node.last_failure = None
+        st.origin_bytes[(node.name, revision)] += outcome.bytes_fetched
+        node.views[revision] = cache_view(WarmState.READY)
+        weights = st.spec.cache.weights
+        if weights.pin:
+            await asyncio.to_thread(node.cache.pin, revision, weights.priority)
+        st.wake()
+        return outcome
+
+    async def _warm(self, node: Node, revision: str) -> None:
+        try:
+            outcome = await self.pull(node, revision)
+        except (PreheatError, OSError):
+            return  # the view says why and when it is retried
+        except Exception as exc:
+            # Unexpected (logged with its traceback by ``FleetLog.watch``): leave a view
+            # the planner retries, not a "warming" that never ends.
+            node.views[revision] = cache_view(
+                WarmState.FAILED,
+                reason=f"unexpected {type(exc).__name__}; see the fleet log",
+                retry_at=self.state.clock.now() + backoff(node.warm_failures[revision]),
+            )
+            raise
+        self.state.say(
+            f"warmed {revision[:12]} on {node.name}: "
+            f"{format_size(outcome.bytes_fetched)} from origin, "
+            f"{format_size(outcome.bytes_reused)} reused, {outcome.seconds:.1f} s"
+        )
+
+    async def pull_for_replica(self, r: Replica, node: Node) -> PullOutcome:
+        """A replica on a cold node fetches the revision from the origin itself, waiting
+        out an unreachable origin (status shows why) until the replica is stopped."""
+        # Share a warm-up that is already running on this node.
+        task = node.warm_tasks.get(r.revision)
+        if task is not None and not task.done():
+            r.detail = "waiting for this node's warm-up"
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+        attempt = 0
+        while True:
+            try:
+                return await self.pull(node, r.revision)
+            except InsufficientSpace:
+                raise
+            except (FetchError, PreheatError, OSError) as exc:
+                delay = backoff(attempt)
+                attempt += 1
+                r.detail = (
+                    f"origin fetch failed ({redact_url(str(exc))}); retrying in {delay:.0f} s"
+                )
+                await asyncio.sleep(delay)
