@@ -75,7 +75,10 @@ done
 
 export GOFLAGS="-p=1 -tags=selinux" # together: hack/lib/golang.sh misreads -p=1 alone
 export CGO_ENABLED=0
-export GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath"
+# The Go build cache outlives a failed attempt (a retry resumes instead of recompiling
+# ~2,000 packages); it is removed once the binaries are installed.
+GOCACHE_DIR="$CACHE_ROOT/go-build-cache"
+export GOCACHE="$GOCACHE_DIR" GOPATH="$WORK/gopath"
 export KUBE_GIT_VERSION="v$KUBE_VERSION" KUBE_GIT_TREE_STATE=clean
 for tool in "${TOOLS[@]}"; do
   echo "build-kube: building $tool" >&2
@@ -94,4 +97,5 @@ for tool in "${TOOLS[@]}"; do
 done
 "$DEST/bin.tmp/kube-apiserver" --version >&2 || give_up "the built kube-apiserver does not run"
 rm -rf "$DEST/bin" && mv "$DEST/bin.tmp" "$DEST/bin"
+rm -rf "$GOCACHE_DIR"
 echo "$BIN"

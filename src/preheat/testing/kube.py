@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -551,8 +550,3 @@ def kube_cluster(root: Path, **kw: Any) -> Iterator[KubeCluster]:
         yield cluster
     finally:
         cluster.stop()
-
-
-def _terminate_group(pid: int) -> None:  # pragma: no cover - used by the stand-in only
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)

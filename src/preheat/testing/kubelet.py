@@ -130,6 +130,8 @@ class _Pod:
     obj: dict[str, Any] = field(default_factory=dict)
     #: The status last written (without timestamps that only follow transitions).
     written: dict[str, Any] | None = None
+    #: condition type -> (status, lastTransitionTime)
+    transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 class KubeletStandIn:
@@ -249,9 +251,14 @@ class KubeletStandIn:
         self.register()
         try:
             while not self._stopping:
-                if time.monotonic() >= self._next_lease:
-                    self._renew_lease()
-                self.sync()
+                try:
+                    if time.monotonic() >= self._next_lease:
+                        self._renew_lease()
+                    self.sync()
+                except (OSError, RuntimeError) as exc:
+                    # The API server is briefly unreachable or refused one write: keep
+                    # going, level-triggered; the next pass sees the current state.
+                    print(f"kubelet stand-in {self.node}: {exc}", file=sys.stderr, flush=True)
                 time.sleep(_LOOP_S)
         finally:
             for pod in list(self.pods.values()):
@@ -315,9 +322,13 @@ class KubeletStandIn:
         return pod
 
     def _allocate_ip(self) -> str:
-        self._next_ip += 1
-        hi, lo = divmod(self._next_ip, 254)
-        return f"{self.ip_prefix}.{hi + 1}.{lo + 1}"
+        in_use = {p.ip for p in self.pods.values()}
+        while True:
+            self._next_ip += 1
+            hi, lo = divmod(self._next_ip, 254)
+            ip = f"{self.ip_prefix}.{hi + 1}.{lo + 1}"
+            if ip not in in_use:
+                return ip
 
     def _volumes(self, obj: dict[str, Any], pod: _Pod) -> dict[str, Path]:
         out: dict[str, Path] = {}
@@ -581,12 +592,12 @@ class KubeletStandIn:
             return
         # lastTransitionTime on each condition changes only when its status does.
         now = _now()
-        old = {c["type"]: c for c in (pod.written or {}).get("conditions") or ()}
         body = json.loads(json.dumps(status))
         for c in body["conditions"]:
-            prev = old.get(c["type"])
-            same = prev is not None and prev["status"] == c["status"]
-            c["lastTransitionTime"] = prev["lastTransitionTime"] if same and prev else now
+            prev = pod.transitions.get(c["type"])
+            if prev is None or prev[0] != c["status"]:
+                pod.transitions[c["type"]] = (c["status"], now)
+            c["lastTransitionTime"] = pod.transitions[c["type"]][1]
             c["lastProbeTime"] = None
         code, _ = self.rest.call(
             "PATCH",
@@ -595,8 +606,6 @@ class KubeletStandIn:
             content_type=_STRATEGIC,
         )
         if code == 200:
-            for c, b in zip(status["conditions"], body["conditions"], strict=True):
-                c["lastTransitionTime"] = b["lastTransitionTime"]
             pod.written = status
 
     @staticmethod
