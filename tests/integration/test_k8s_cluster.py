@@ -81,6 +81,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 def test_control_plane_boots_with_ready_nodes(kube: KubeCluster) -> None:
     """All four daemons answer; three Nodes are Ready and untainted; the server is 1.20.2."""
     assert kube.timings["total"] < 60, kube.timings
+    print("control plane timings (s):", {k: round(v, 2) for k, v in kube.timings.items()})
     version = json.loads(kube.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == "v1.20.2"
     nodes = kube.rest().get("/api/v1/nodes")["items"]
@@ -277,6 +278,12 @@ def test_deployment_pods_run_on_loopback_ips_and_prefer_labelled_nodes(
     for ip in ips:
         with urllib.request.urlopen(f"http://{ip}:8000/health", timeout=5) as r:
             assert r.status == 200
+    # Steady state: no status churn (lastTransitionTime moves only when a condition does).
+    name = engines[0]["metadata"]["name"]
+    before = kube.rest().get(f"/api/v1/namespaces/default/pods/{name}")["metadata"]
+    time.sleep(1.5)
+    after = kube.rest().get(f"/api/v1/namespaces/default/pods/{name}")["metadata"]
+    assert after["resourceVersion"] == before["resourceVersion"]
 
 
 def test_endpointslices_list_pod_ips_and_a_pod_serves_a_completion(
