@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "node": "preheat.cli.fleet:node",
     "demo": "preheat.cli.demo:demo",
     "report": "preheat.cli.report:report",
+    "k8s": "preheat.cli.k8s:k8s",
 }
 
 
