@@ -122,6 +122,11 @@ def ms(x: float) -> str:
     return f"{x * 1e3:.3f}"
 
 
+def ratio(a: float, b: float) -> str:
+    """a / b as "1.23x"; no ratio when the peer's added latency is not positive (noise)."""
+    return f"{a / b:.2f}x" if b > 0 else "no ratio: peer's figure <= 0"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000, help="per router and concurrency")
@@ -169,9 +174,9 @@ def main() -> None:
         for ours, peer in counterparts(res, [n for n in res if n.startswith("preheat")]):
             a, b = res[ours][0], res[peer][0]
             console.print(
-                f"  c={conc}: {ours} added p50 {ms(a.added_p50)} ms = "
-                f"{a.added_p50 / b.added_p50:.2f}x {peer}'s; added p99 {ms(a.added_p99)} ms "
-                f"= {a.added_p99 / b.added_p99:.2f}x"
+                f"  c={conc}: {ours} vs {peer}: added p50 {ms(a.added_p50)} vs "
+                f"{ms(b.added_p50)} ms ({ratio(a.added_p50, b.added_p50)}), added p99 "
+                f"{ms(a.added_p99)} vs {ms(b.added_p99)} ms ({ratio(a.added_p99, b.added_p99)})"
             )
     console.print(f"loadavg at end: {Path('/proc/loadavg').read_text().strip()}")
     if args.json:
