@@ -172,9 +172,9 @@ def main() -> None:
             ours = [n for n in runs if n.split("-")[0] in OURS]
             for a, b in counterparts(runs, ours):
                 ra, rb = runs[a], runs[b]
+                hit = f" ({ra['hit_rate'] / rb['hit_rate']:.2f}x)" if rb["hit_rate"] else ""
                 console.print(
-                    f"  {wl}: {a} vs {b}: hit rate {ra['hit_rate']:.3f} vs {rb['hit_rate']:.3f}"
-                    f" ({ra['hit_rate'] / rb['hit_rate'] if rb['hit_rate'] else float('nan'):.2f}x), "
+                    f"  {wl}: {a} vs {b}: hit rate {ra['hit_rate']:.3f} vs {rb['hit_rate']:.3f}{hit}, "
                     f"TTFT p50 {(ra['ttft_p50_s'] or 0) * 1e3:.0f} vs {(rb['ttft_p50_s'] or 0) * 1e3:.0f} ms, "
                     f"max share {ra['max_share_ratio']:.2f} vs {rb['max_share_ratio']:.2f}"
                 )
