@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from contextlib import ExitStack
@@ -31,6 +30,7 @@ from preheat.bench.models import rewrite_shard, write_http_manifest
 from preheat.config import format_size, parse_size
 from preheat.runtime.local import LocalFleet
 from preheat.telemetry.events import read_start_records
+from preheat.telemetry.stats import percentile
 from preheat.testing.fleet import cluster_spec, endpoint_spec, make_model
 from preheat.testing.origins import NGINX, nginx_origin
 
@@ -96,8 +96,8 @@ async def run(args: argparse.Namespace, root: Path, base: str | None) -> dict[st
         roll_s = time.monotonic() - t0
         per_node = {n: fleet.origin_bytes[(n, rev2)] for n in names}
 
-    cold_ready = statistics.median(r.ready_seconds or 0 for r in cold)
-    warm_ready = statistics.median(r.ready_seconds or 0 for r in warm)
+    cold_ready = percentile([r.ready_seconds or 0 for r in cold], 50)
+    warm_ready = percentile([r.ready_seconds or 0 for r in warm], 50)
     shard = changed.stat().st_size
     return {
         "model_bytes": m1.size,
@@ -107,7 +107,7 @@ async def run(args: argparse.Namespace, root: Path, base: str | None) -> dict[st
         "cold_ready_s": [round(r.ready_seconds or 0, 3) for r in cold],
         "warm_ready_s": [round(r.ready_seconds or 0, 3) for r in warm],
         "cold_weights_s_median": round(
-            statistics.median(r.stage_durations()["weights_ready"] for r in cold), 3
+            percentile([r.stage_durations()["weights_ready"] for r in cold], 50), 3
         ),
         "cold_over_warm_ready_median": round(cold_ready / warm_ready, 1),
         "version_change_bytes_per_node": per_node,
@@ -139,8 +139,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result, indent=1))
     print(
-        f"readiness: cold median {statistics.median(result['cold_ready_s']):.2f} s "  # type: ignore[arg-type]
-        f"vs warm median {statistics.median(result['warm_ready_s']):.2f} s "  # type: ignore[arg-type]
+        f"readiness: cold median {percentile(result['cold_ready_s'], 50):.2f} s "  # type: ignore[arg-type]
+        f"vs warm median {percentile(result['warm_ready_s'], 50):.2f} s "  # type: ignore[arg-type]
         f"= {result['cold_over_warm_ready_median']}x; version change moved "
         f"{format_size(sum(result['version_change_bytes_per_node'].values()))} "  # type: ignore[attr-defined]
         f"({result['version_change_bytes_over_model']:.1%} of a full copy per node)"

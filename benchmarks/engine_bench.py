@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from preheat.engine.client import EngineClient
+from preheat.telemetry.stats import percentile
 from preheat.testing.engines import simulated_engines
 from preheat.timing import get_profile
 
@@ -47,7 +47,7 @@ async def calibrate(url: str, profile_name: str) -> dict[str, object]:
             for _ in range(3):
                 r = await c.completion(unique_prompt(n, rng), max_tokens=1)
                 ttfts.append(r.ttft_s)
-            measured = statistics.median(ttfts)
+            measured = percentile(ttfts, 50)
             predicted = p.prefill_time(n)
             out["prefill"].append(  # type: ignore[attr-defined]
                 {
@@ -67,7 +67,7 @@ async def calibrate(url: str, profile_name: str) -> dict[str, object]:
                 )
             )
             gaps = sorted(g for r in results for g in r.itl_s[8:])  # skip the admission burst
-            measured = statistics.median(gaps)
+            measured = percentile(gaps, 50)
             predicted = p.decode_step_time(batch, prompt_len + max_tokens // 2)
             out["decode"].append(  # type: ignore[attr-defined]
                 {
@@ -111,14 +111,13 @@ async def throughput(url: str, requests: int, concurrency: int) -> dict[str, obj
         t0 = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(concurrency))), 120)
         elapsed = time.perf_counter() - t0
-    lat.sort()
     return {
         "requests": done,
         "errors": errors,
         "seconds": round(elapsed, 2),
         "requests_per_s": round(done / elapsed, 1),
-        "p50_ms": round(lat[len(lat) // 2] * 1e3, 2),
-        "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 2),
+        "p50_ms": round(percentile(lat, 50) * 1e3, 2),
+        "p99_ms": round(percentile(lat, 99) * 1e3, 2),
     }
 
 

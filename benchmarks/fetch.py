@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 from preheat.bench.models import generate_model, rewrite_shard, shard_paths, write_http_manifest
 from preheat.config import format_size, parse_size
 from preheat.store import NodeStore
+from preheat.telemetry.stats import percentile
 from preheat.testing.origins import nginx_origin
 
 
@@ -169,7 +169,7 @@ def main() -> None:
                     times.setdefault(name, []).append(_timed(fn))
                     print(f"trial {trial + 1} {name}: {times[name][-1]:.2f} s", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = {k: percentile(v, 50) for k, v in times.items()}
             results["fill_seconds_median"] = med
             results["fill_seconds_all"] = times
 
@@ -227,7 +227,7 @@ def main() -> None:
                                     ]
                                 )
                             )
-            results["read_back_seconds_median"] = {k: statistics.median(v) for k, v in rb.items()}
+            results["read_back_seconds_median"] = {k: percentile(v, 50) for k, v in rb.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -3,8 +3,9 @@
 Agreement: 4 router processes (same salt, same 7 backends, no communication) each get
 the same RAG request stream at the same concurrency, all at once; a request agrees when
 all 4 sent it to the same backend. Backends are fast fakes that hold each request for
---service-ms, so in-flight counts (and the load bounds) are live. Peer routers
-(sglang-router, vllm-router cache_aware) are measured the same way.
+--service-ms, so in-flight counts (and the load bounds) are live. Peer routers are
+measured the same way with the policy that does prefix_aware's job (like with like):
+sglang-router and vllm-router ``cache_aware``, with their default retries.
 
 Churn (in process, the same policy code): a policy routes every prefix of a stream,
 then one of N instances is removed (or one added) and the stream is routed again; a
@@ -85,7 +86,10 @@ def replicas(kind: str, n: int, backends: list[str]) -> Iterator[list[RouterProc
                 )
                 stack.callback(r.stop)
             else:
-                r = stack.enter_context(start_peer_router(kind, backends, policy="cache_aware"))
+                peer, _, policy = kind.partition("-")
+                r = stack.enter_context(
+                    start_peer_router(peer, backends, policy=policy or "cache_aware")
+                )
             rs.append(r)
         yield rs
 
@@ -137,7 +141,11 @@ def main() -> None:
     ap.add_argument("--backends", type=int, default=7)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--service-ms", type=float, default=20.0)
-    ap.add_argument("--peers", default="sglang,vllm", help="peer routers ('' for none)")
+    ap.add_argument(
+        "--peers",
+        default="sglang-cache_aware,vllm-cache_aware",
+        help="peer routers as PEER-POLICY ('' for none); cache_aware is prefix_aware's counterpart",
+    )
     ap.add_argument(
         "--kinds",
         default="preheat,preheat-hash,preheat-hybrid",

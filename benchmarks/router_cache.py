@@ -1,11 +1,13 @@
 """Cache effect of routing on 7 simulated engines (70B profile, time-scaled).
 
 For each workload (RAG over Zipf-popular documents, multi-turn chat, templated assistant,
-unique prompts) and each router (preheat random / least_outstanding / prefix_aware,
-sglang-router cache_aware, vllm-router cache_aware) it empties the engines' prefix
-caches, drives the same seeded request stream through the router at a fixed
-concurrency, and reports the KV hit rate from the engines' own /metrics, TTFT p50/p90,
-throughput, the largest per-instance share over the mean, and the oracle bound.
+unique prompts) and each router it empties the engines' prefix caches, drives the same
+seeded request stream through the router at a fixed concurrency, and reports the KV hit
+rate from the engines' own /metrics, TTFT p50/p90, throughput, the largest
+per-instance share over the mean, and the oracle bound. Like with like: preheat
+``random`` against sglang-router's and vllm-router's ``random``, preheat ``prefix_aware``
+(any placement) against their ``cache_aware``; ``least_outstanding`` has no peer
+counterpart and is shown without a ratio. Peers run with their default retries.
 
     .venv/bin/python benchmarks/router_cache.py --n 300 --concurrency 14 --json out.json
 """
@@ -25,13 +27,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from preheat.bench.compare import counterparts
 from preheat.bench.routing import drive, engine_counters, oracle_hit_rate, reset_caches, summarize
 from preheat.bench.workloads import WORKLOADS
 from preheat.testing.engines import simulated_engines
 from preheat.testing.routers import RouterProcess, launch_router, start_peer_router
 
 OURS = ("random", "least_outstanding", "prefix_aware")
-PEERS = {"sglang": "sglang", "vllm": "vllm"}
+PEERS = ("sglang", "vllm")
+DEFAULT_ROUTERS = (
+    "random,sglang-random,vllm-random,"
+    "prefix_aware,prefix_aware-hybrid,sglang-cache_aware,vllm-cache_aware,least_outstanding"
+)
 
 
 @contextlib.contextmanager
@@ -55,9 +62,12 @@ def router_for(
         finally:
             r.stop()
     else:
-        with start_peer_router(
-            PEERS[name], urls, policy="cache_aware", log_path=logdir / f"{name}.log"
-        ) as r:
+        kind, _, policy = name.partition("-")
+        if kind not in PEERS or not policy:
+            raise SystemExit(
+                f"router {name!r}: use a preheat strategy or PEER-POLICY, e.g. sglang-random"
+            )
+        with start_peer_router(kind, urls, policy=policy, log_path=logdir / f"{name}.log") as r:
             yield r
 
 
@@ -92,9 +102,10 @@ def main() -> None:
     ap.add_argument("--workloads", default="rag,chat,templated,unique")
     ap.add_argument(
         "--routers",
-        default="random,least_outstanding,prefix_aware,prefix_aware-hash,sglang,vllm",
+        default=DEFAULT_ROUTERS,
         help="preheat strategies (prefix_aware-hash, prefix_aware-hybrid: that placement) "
-        "and peers sglang, vllm (leave them out to save time)",
+        "and peers as PEER-POLICY: sglang-random, vllm-cache_aware... (leave them out to "
+        "save time)",
     )
     ap.add_argument("--n", type=int, default=300, help="requests per run")
     ap.add_argument("--concurrency", type=int, default=14)
@@ -157,6 +168,16 @@ def main() -> None:
                 )
                 console.print(f"  {wl}/{name}: done in {s['run_s']:.0f} s {s['outcomes']}")
             console.print(table)
+            runs = {k: v for k, v in results["runs"][wl].items() if k != "oracle_hit_rate"}
+            ours = [n for n in runs if n.split("-")[0] in OURS]
+            for a, b in counterparts(runs, ours):
+                ra, rb = runs[a], runs[b]
+                hit = f" ({ra['hit_rate'] / rb['hit_rate']:.2f}x)" if rb["hit_rate"] else ""
+                console.print(
+                    f"  {wl}: {a} vs {b}: hit rate {ra['hit_rate']:.3f} vs {rb['hit_rate']:.3f}{hit}, "
+                    f"TTFT p50 {(ra['ttft_p50_s'] or 0) * 1e3:.0f} vs {(rb['ttft_p50_s'] or 0) * 1e3:.0f} ms, "
+                    f"max share {ra['max_share_ratio']:.2f} vs {rb['max_share_ratio']:.2f}"
+                )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     console.print(f"logs in {logdir}")

@@ -3,7 +3,7 @@
 64 instances with random in-flight counts; chat requests whose canonical prompt is about
 32,000 characters (a popular document plus a unique question), so the whole prompt is
 hashed with --prefix-length 32768. A decision is ``choose`` + ``on_sent`` (the learned
-index update), timed with perf_counter_ns; the body is already parsed (the proxy's
+index update), timed with perf_counter_ns (percentiles interpolated, ``telemetry.stats.percentile``); the body is already parsed (the proxy's
 JSON parse is part of the proxy-overhead benchmark). The 20,000 prepared bodies
 (~640 MB of strings) are moved out of the cyclic GC's view with ``gc.freeze()`` before
 timing, as the router freezes its start-up heap: otherwise every full collection walks
@@ -26,6 +26,7 @@ from rich.table import Table
 from preheat.bench.workloads import _vocab, text, zipf_weights
 from preheat.router.policies import Instance, PolicyParams, RouteRequest, make_policy
 from preheat.router.prefix import PrefixHasher, canonical, canonical_parts
+from preheat.telemetry.stats import percentile
 
 SALT = b"benchmark-salt-0123456789abcdef"
 
@@ -45,10 +46,6 @@ def bodies(n: int, chars: int, docs: int, seed: int) -> list[dict]:  # type: ign
         }
         for i, d in enumerate(picks)
     ]
-
-
-def pct(xs: list[float], q: float) -> float:
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def main() -> None:
@@ -105,7 +102,7 @@ def main() -> None:
         times.sort()
         results[label] = times
         table.add_row(
-            label, *(f"{pct(times, q):.1f}" for q in (0.5, 0.9, 0.99)), f"{times[-1]:.0f}"
+            label, *(f"{percentile(times, q):.1f}" for q in (50, 90, 99)), f"{times[-1]:.0f}"
         )
     # The parts of a prefix_aware decision.
     hasher = PrefixHasher(SALT, params.block_chars)
@@ -126,12 +123,12 @@ def main() -> None:
     parts["canonical text (pieces, not joined)"] = sorted(t_canon)
     for name, xs in parts.items():
         table.add_row(
-            f"  part: {name}", *(f"{pct(xs, q):.1f}" for q in (0.5, 0.9, 0.99)), f"{xs[-1]:.0f}"
+            f"  part: {name}", *(f"{percentile(xs, q):.1f}" for q in (50, 90, 99)), f"{xs[-1]:.0f}"
         )
     console.print(table)
     for label, times in results.items():
         if label.startswith("prefix_aware"):
-            p99 = pct(times, 0.99)
+            p99 = percentile(times, 99)
             console.print(
                 f"{label}: p99 {p99:.1f} us, {'meets' if p99 <= 50 else 'misses'} the 50 us "
                 f"target; AWS reports 1,300-1,900 us per request "

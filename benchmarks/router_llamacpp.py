@@ -3,8 +3,9 @@
 Each server holds exactly 2 slots of prompt cache, so a router that keeps each
 template on one server reuses it, and one that scatters them recomputes. The same
 seeded templated workload (6 templates of ~1,900 tokens, short inputs) goes through
-preheat random and prefix_aware and sglang-router cache_aware at concurrency 6; the
-cached-token counts are the servers' own (llamacpp:prompt_tokens_cached_total).
+preheat random vs sglang-router random, and preheat prefix_aware vs sglang-router
+cache_aware (like with like; sglang-router with its default retries) at concurrency 6;
+the cached-token counts are the servers' own (llamacpp:prompt_tokens_cached_total).
 
     .venv/bin/python benchmarks/router_llamacpp.py --n 150
 """
@@ -23,18 +24,19 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from preheat.bench.compare import counterparts
 from preheat.bench.routing import drive, engine_counters
 from preheat.bench.workloads import templated
+from preheat.telemetry.stats import percentile
 from preheat.testing.engines import llama_server, llama_server_missing_reason, write_tiny_llama_gguf
 from preheat.testing.routers import RouterProcess, launch_router, start_peer_router
 
 
 @contextlib.contextmanager
 def router_for(name: str, urls: list[str], logdir: Path) -> Iterator[RouterProcess]:
-    if name == "sglang":
-        with start_peer_router(
-            "sglang", urls, policy="cache_aware", log_path=logdir / "sglang.log"
-        ) as r:
+    if name.startswith("sglang-"):
+        policy = name.partition("-")[2]
+        with start_peer_router("sglang", urls, policy=policy, log_path=logdir / f"{name}.log") as r:
             yield r
         return
     strategy, _, knobs = name.partition(":")
@@ -79,13 +81,13 @@ async def one(
     errors = [o.error for o in outcomes if o.status != 200]
     if errors:
         print(f"{name}: {len(errors)} errors, first: {errors[0]}")
-    ttft = sorted(o.ttft_s for o in ok if o.ttft_s is not None)
+    ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
     return {
         "hit_rate": hits / queries if queries else 0.0,
         "cached_tokens": hits,
         "prompt_tokens": queries,
-        "ttft_p50_s": ttft[len(ttft) // 2] if ttft else None,
-        "ttft_p90_s": ttft[int(0.9 * len(ttft))] if ttft else None,
+        "ttft_p50_s": percentile(ttft, 50) if ttft else None,
+        "ttft_p90_s": percentile(ttft, 90) if ttft else None,
         "throughput_rps": len(ok) / wall,
         "max_share_ratio": max(gen.values()) / total * len(urls),
         "errors": len(outcomes) - len(ok),
@@ -98,8 +100,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument(
         "--routers",
-        default="random,prefix_aware,prefix_aware:0.5:0.2,sglang",
-        help="preheat strategies (strategy[:balance_epsilon[:load_weight]]) and/or sglang",
+        default="random,sglang-random,prefix_aware,prefix_aware:1.0:0.1,sglang-cache_aware",
+        help="preheat strategies (strategy[:balance_epsilon[:load_weight]]) and/or "
+        "sglang-random, sglang-cache_aware",
     )
     args = ap.parse_args()
     console = Console()
@@ -137,8 +140,10 @@ def main() -> None:
             for _ in range(3)
         ]
         urls = [s.url for s in servers]
+        results: dict[str, dict[str, Any]] = {}
         for name in args.routers.split(","):
             s = asyncio.run(one(name, urls, items, args.concurrency, logdir))
+            results[name] = s
             table.add_row(
                 name,
                 f"{s['cached_tokens']:.0f}/{s['prompt_tokens']:.0f}",
@@ -150,6 +155,12 @@ def main() -> None:
                 str(s["errors"]),
             )
     console.print(table)
+    for a, b in counterparts(results, [n for n in results if not n.startswith("sglang")]):
+        ra, rb = results[a], results[b]
+        console.print(
+            f"  {a} vs {b}: hit rate {ra['hit_rate']:.3f} vs {rb['hit_rate']:.3f}, "
+            f"TTFT p50 {(ra['ttft_p50_s'] or 0) * 1e3:.0f} vs {(rb['ttft_p50_s'] or 0) * 1e3:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

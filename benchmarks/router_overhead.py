@@ -1,11 +1,18 @@
 """Latency a router adds in front of fast backends on 127.0.0.1, side by side with peers.
 
-Two fast fake OpenAI backends (own processes, uvloop) answer at once. The same
-non-streaming /v1/completions requests (a ~2,000-character prompt from a few shared
-prefixes) go directly to the backends (round robin) and through each router:
-preheat (random and prefix_aware), sglang-router and vllm-router (cache_aware), at
-concurrency 1 and 32. Reports p50/p99 latency, the added latency against direct, and
-ratios of preheat's added latency to each peer's.
+Two fast fake OpenAI backends (own processes, uvloop) answer at once. Non-streaming
+/v1/completions requests (a ~1,800-character prompt from a few shared prefixes) go
+through each router: preheat random vs sglang-router and vllm-router random, preheat
+prefix_aware vs their cache_aware (like with like, never across). Peers run with their
+default retries.
+
+Added latency is paired: every request of the stream is sent directly to a backend
+(round robin) and through the router, back to back by the same worker, the order
+alternating per request; the added latency at p50/p99 is that percentile of the
+per-request differences (router - direct), so added p99 >= added p50. ``--concurrency``
+workers do this at once, so that many requests are in flight across the two paths.
+The "p99 difference" column is routed p99 - direct p99, a difference of percentiles
+(it can be below added p50 when the tails do not line up) shown for reference only.
 
     .venv/bin/python benchmarks/router_overhead.py --requests 2000
 """
@@ -15,18 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from preheat.bench.compare import AddedLatency, counterparts, paired_added
 from preheat.testing.routers import (
     RouterProcess,
     launch_router,
@@ -34,7 +40,15 @@ from preheat.testing.routers import (
     start_peer_router,
 )
 
-ROUTERS = ("preheat-random", "preheat-prefix_aware", "sglang-cache_aware", "vllm-cache_aware")
+ROUTERS = (
+    "preheat-random",
+    "sglang-random",
+    "vllm-random",
+    "preheat-prefix_aware",
+    "sglang-cache_aware",
+    "vllm-cache_aware",
+)
+HEADERS = {"Content-Type": "application/json"}
 
 
 def bodies(n: int, seed: int) -> list[bytes]:
@@ -48,39 +62,46 @@ def bodies(n: int, seed: int) -> list[bytes]:
     ]
 
 
-ERRORS: dict[str, int] = {}
+async def _post(s: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    async with s.post(url + "/v1/completions", data=body, headers=HEADERS) as r:
+        await r.read()
+    return time.perf_counter() - t0, r.status
 
 
-async def measure(
-    urls: list[str], data: list[bytes], concurrency: int, name: str = ""
-) -> list[float]:
-    """Per-request latency in seconds of the answers with status 200 (others are counted
-    in ``ERRORS[name]``: a peer's circuit breaker may answer 503); ``urls`` round robin."""
-    out: list[float] = []
+async def measure_paired(
+    direct: list[str], router: str, data: list[bytes], concurrency: int
+) -> tuple[list[float], list[float], int]:
+    """(direct seconds, routed seconds, failed pairs): request i sent both ways by one
+    worker, back to back, direct first on even i; a pair with a non-200 on either side
+    is left out and counted."""
+    d_out: list[float] = []
+    r_out: list[float] = []
+    failed = 0
     it = iter(enumerate(data))
-    conn = aiohttp.TCPConnector(limit=0)
-    headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=conn) as s:
-        # Warm up connections.
-        for u in urls:
-            for _ in range(concurrency):
-                async with s.post(u + "/v1/completions", data=data[0], headers=headers) as r:
-                    await r.read()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        for _ in range(concurrency):  # warm up the connections on both paths
+            for u in (*direct, router):
+                await _post(s, u, data[0])
 
         async def worker() -> None:
+            nonlocal failed
             for i, body in it:
-                t0 = time.perf_counter()
-                async with s.post(
-                    urls[i % len(urls)] + "/v1/completions", data=body, headers=headers
-                ) as r:
-                    await r.read()
-                if r.status != 200:
-                    ERRORS[f"{name} c={concurrency}"] = ERRORS.get(f"{name} c={concurrency}", 0) + 1
+                d_url = direct[i % len(direct)]
+                if i % 2 == 0:
+                    d, ds = await _post(s, d_url, body)
+                    r, rs = await _post(s, router, body)
+                else:
+                    r, rs = await _post(s, router, body)
+                    d, ds = await _post(s, d_url, body)
+                if ds != 200 or rs != 200:
+                    failed += 1
                     continue
-                out.append(time.perf_counter() - t0)
+                d_out.append(d)
+                r_out.append(r)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return sorted(out)
+    return d_out, r_out, failed
 
 
 @contextlib.contextmanager
@@ -97,8 +118,13 @@ def router(name: str, backends: list[str], logdir: Path) -> Iterator[RouterProce
             yield r
 
 
-def pct(xs: list[float], q: float) -> float:
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+def ms(x: float) -> str:
+    return f"{x * 1e3:.3f}"
+
+
+def ratio(a: float, b: float) -> str:
+    """a / b as "1.23x"; no ratio when the peer's added latency is not positive (noise)."""
+    return f"{a / b:.2f}x" if b > 0 else "no ratio: peer's figure <= 0"
 
 
 def main() -> None:
@@ -113,53 +139,65 @@ def main() -> None:
     logdir = Path("/tmp/router-overhead")
     logdir.mkdir(exist_ok=True)
     data = bodies(args.requests, 1)
-    results: dict[str, Any] = {}
+    names = args.routers.split(",")
+    results: dict[int, dict[str, tuple[AddedLatency, int]]] = {}
     with start_fast_backend() as b1, start_fast_backend() as b2:
         backends = [b1.url, b2.url]
         for conc in (int(c) for c in args.concurrency.split(",")):
-            res: dict[str, list[float]] = {"direct": asyncio.run(measure(backends, data, conc))}
-            for name in args.routers.split(","):
+            res: dict[str, tuple[AddedLatency, int]] = {}
+            for name in names:
                 with router(name, backends, logdir) as r:
-                    res[name] = asyncio.run(measure([r.url], data, conc, name))
+                    d, rt, failed = asyncio.run(measure_paired(backends, r.url, data, conc))
+                res[name] = (paired_added(d, rt), failed)
             results[conc] = res
     for conc, res in results.items():
-        d50, d99 = pct(res["direct"], 0.5), pct(res["direct"], 0.99)
-        table = Table(title=f"concurrency {conc}, {args.requests} requests (ms)")
-        for col in ("path", "p50", "p99", "added p50", "added p99", "req/s"):
+        table = Table(title=f"concurrency {conc}, {args.requests} paired requests (ms)")
+        cols = ("router", "direct p50", "routed p50", "routed p99", "added p50", "added p99")
+        for col in (*cols, "p99 difference*", "failed pairs"):
             table.add_column(col, justify="right")
-        for name, xs in res.items():
-            p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
-            rps = len(xs) / sum(xs) * conc
+        for name, (a, failed) in res.items():
             table.add_row(
                 name,
-                f"{p50 * 1e3:.3f}",
-                f"{p99 * 1e3:.3f}",
-                "-" if name == "direct" else f"{(p50 - d50) * 1e3:.3f}",
-                "-" if name == "direct" else f"{(p99 - d99) * 1e3:.3f}",
-                f"{rps:.0f}",
+                ms(a.direct_p50),
+                ms(a.routed_p50),
+                ms(a.routed_p99),
+                ms(a.added_p50),
+                ms(a.added_p99),
+                ms(a.percentile_difference_p99),
+                str(failed),
             )
         console.print(table)
-        for ours, peer in itertools.product(
-            [n for n in res if n.startswith("preheat")],
-            [n for n in res if not n.startswith(("preheat", "direct"))],
-        ):
-            a = pct(res[ours], 0.5) - d50
-            b = pct(res[peer], 0.5) - d50
-            a99 = pct(res[ours], 0.99) - d99
-            b99 = pct(res[peer], 0.99) - d99
+        console.print(
+            "  added p50/p99: percentiles of per-request (router - direct); "
+            "*p99 difference: routed p99 - direct p99 (a difference of percentiles)"
+        )
+        for ours, peer in counterparts(res, [n for n in res if n.startswith("preheat")]):
+            a, b = res[ours][0], res[peer][0]
             console.print(
-                f"  c={conc}: {ours} added p50 {a * 1e3:.3f} ms = {a / b:.2f}x {peer}; "
-                f"added p99 {a99 * 1e3:.3f} ms = {a99 / b99 if b99 > 0 else float('nan'):.2f}x"
+                f"  c={conc}: {ours} vs {peer}: added p50 {ms(a.added_p50)} vs "
+                f"{ms(b.added_p50)} ms ({ratio(a.added_p50, b.added_p50)}), added p99 "
+                f"{ms(a.added_p99)} vs {ms(b.added_p99)} ms ({ratio(a.added_p99, b.added_p99)})"
             )
-    for what, count in ERRORS.items():
-        console.print(f"  {what}: {count} non-200 answers (left out of the latencies)")
+    console.print(f"loadavg at end: {Path('/proc/loadavg').read_text().strip()}")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
-                    str(c): {k: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for k, v in r.items()}
+                    str(c): {
+                        k: {
+                            "n": a.n,
+                            "failed_pairs": f,
+                            "direct_p50": a.direct_p50,
+                            "routed_p50": a.routed_p50,
+                            "routed_p99": a.routed_p99,
+                            "added_p50": a.added_p50,
+                            "added_p99": a.added_p99,
+                        }
+                        for k, (a, f) in r.items()
+                    }
                     for c, r in results.items()
-                }
+                },
+                indent=1,
             )
         )
 

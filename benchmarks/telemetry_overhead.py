@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,25 +33,22 @@ from pathlib import Path
 
 from preheat.bench.models import generate_model
 from preheat.router.policies import Instance, PolicyParams, RouteRequest, make_policy
+from preheat.runtime.procs import free_port, start_process, wait_http
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
 from preheat.telemetry.events import EventClass, EventLog, StartRecord
 from preheat.telemetry.prometheus import TelemetryMetrics
 from preheat.telemetry.routing import DecisionLog, RouteDecision
+from preheat.telemetry.stats import percentile
 
 PREHEAT = str(Path(sys.executable).parent / "preheat")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def warm_engine_start(snapshot: Path) -> float:
-    """Seconds from spawn to a first completion of a simulated engine on a local snapshot."""
-    port = _free_port()
+    """Seconds from spawn to a first completion of a simulated engine on a local snapshot
+    (started like the fleet starts one: the parent-death launcher, its own session)."""
+    port = free_port()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
+    proc = start_process(
         [
             PREHEAT,
             "engine",
@@ -64,24 +59,11 @@ def warm_engine_start(snapshot: Path) -> float:
             str(snapshot),
             "--time-scale",
             "0",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        ]
     )
     try:
-        deadline = t0 + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.perf_counter() > deadline:
-                raise RuntimeError("engine not healthy within 60 s")
-            time.sleep(0.005)
+        if not wait_http(f"http://127.0.0.1:{port}/health", timeout=60, child=proc, interval=0.005):
+            raise RuntimeError(f"engine not healthy within 60 s (exit code {proc.returncode})")
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/completions",
             data=json.dumps({"prompt": "preheat warm-up", "max_tokens": 1}).encode(),
@@ -91,12 +73,7 @@ def warm_engine_start(snapshot: Path) -> float:
             r.read()
         return time.perf_counter() - t0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.stop(10)
 
 
 def per_start_telemetry(tmp: Path, n: int, *, fsync: bool) -> tuple[float, float]:
@@ -129,8 +106,7 @@ def per_start_telemetry(tmp: Path, n: int, *, fsync: bool) -> tuple[float, float
             log.append(rec)
             metrics.observe_start(rec)
             times.append(time.perf_counter() - t0)
-    times.sort()
-    return statistics.fmean(times), times[int(0.99 * (len(times) - 1))]
+    return statistics.fmean(times), percentile(times, 99)
 
 
 def scrape_seconds(n: int = 50) -> float:
@@ -216,8 +192,7 @@ def per_request_telemetry(tmp: Path, n: int, rate: float) -> tuple[float, float,
             times.append(time.perf_counter() - t0)
     finally:
         log.close()
-    times.sort()
-    return statistics.fmean(times), times[len(times) // 2], times[int(0.99 * (len(times) - 1))]
+    return statistics.fmean(times), percentile(times, 50), percentile(times, 99)
 
 
 def main() -> None:
@@ -235,7 +210,7 @@ def main() -> None:
         model = tmp / "model"
         generate_model(model, 64 * 1024**2, shards=4, seed=1)
         warm = [warm_engine_start(model) for _ in range(args.starts)]
-        warm_p50 = statistics.median(warm)
+        warm_p50 = percentile(warm, 50)
         print(
             f"\n[start] warm engine start (spawn -> first response), n={len(warm)}: "
             f"p50 {warm_p50 * 1e3:.1f} ms, min {min(warm) * 1e3:.1f} ms"

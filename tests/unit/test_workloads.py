@@ -108,3 +108,24 @@ def test_summarize_uses_engine_counter_deltas_and_interpolated_percentiles() -> 
     assert s["errors"] == 1 and s["throughput_rps"] == 2.0
     assert s["ttft_p50_s"] == percentile(ttfts, 50) == 0.025
     assert s["ttft_p90_s"] == percentile(ttfts, 90)
+
+
+def test_mixed_traffic_interleaves_every_workload_in_its_own_order() -> None:
+    """Mixed traffic holds all four kinds near their shares; chat turns follow their turn."""
+    from preheat.bench.workloads import MIX, mixed
+
+    items = mixed(1000, seed=4)
+    kinds = Counter(i.request_id.split("-")[0] for i in items)
+    assert set(kinds) == {"rag", "chat", "tpl", "uniq"}
+    for name, prefix in (
+        ("rag", "rag"),
+        ("chat", "chat"),
+        ("templated", "tpl"),
+        ("unique", "uniq"),
+    ):
+        assert kinds[prefix] / 1000 == pytest.approx(MIX[name], abs=0.05)
+    position = {i.request_id: n for n, i in enumerate(items)}
+    followers = [i for i in items if i.after is not None]
+    assert followers and all(position[i.after] < position[i.request_id] for i in followers)  # type: ignore[index]
+    with pytest.raises(ConfigError, match="unknown: \\['video'\\]"):
+        mixed(10, weights={"video": 1.0})

@@ -44,9 +44,11 @@ class Outcome:
     error: str | None = None
 
 
-async def _one(
+async def send_one(
     session: aiohttp.ClientSession, base_url: str, item: WorkItem, headers: Mapping[str, str]
 ) -> Outcome:
+    """Send one request (streaming, with usage) and record what happened; never raises
+    for an HTTP or transport failure (status 0 with the error instead)."""
     body = dict(item.body)
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
@@ -128,7 +130,7 @@ async def drive(
                 item = queue.pop()
                 if item.after is not None:
                     await done[item.after].wait()
-                out.append(await _one(session, base_url, item, hdrs))
+                out.append(await send_one(session, base_url, item, hdrs))
                 done[item.request_id].set()
 
         t0 = time.perf_counter()

@@ -182,9 +182,54 @@ def unique(n: int, *, chars: int = 6000, max_tokens: int = 32, seed: int = 0) ->
     return out
 
 
+#: The share of each workload in ``mixed`` traffic.
+MIX: dict[str, float] = {"rag": 0.3, "chat": 0.3, "templated": 0.2, "unique": 0.2}
+
+
+def mixed(
+    n: int,
+    *,
+    weights: dict[str, float] | None = None,
+    doc_chars: int = 4000,
+    unique_chars: int = 2000,
+    max_tokens: int = 16,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """RAG, multi-turn chat, templated and unique requests interleaved at random by
+    ``weights`` (default ``MIX``); each workload keeps its own order (a chat turn still
+    comes after the turn it extends)."""
+    _check(n, "n")
+    w = dict(MIX if weights is None else weights)
+    unknown = sorted(set(w) - {"rag", "chat", "templated", "unique"})
+    if unknown or not any(v > 0 for v in w.values()):
+        raise ConfigError(
+            f"mixed weights {w} need positive shares of rag, chat, templated, unique "
+            f"(unknown: {unknown})"
+        )
+    rng = random.Random(seed)
+    kinds = list(w)
+    slots = rng.choices(kinds, weights=[w[k] for k in kinds], k=n)
+    counts = {k: slots.count(k) for k in kinds}
+    made: dict[str, list[WorkItem]] = {}
+    for k, c in counts.items():
+        if c == 0:
+            continue
+        if k == "rag":
+            made[k] = rag(c, documents=30, doc_chars=doc_chars, max_tokens=max_tokens, seed=seed)
+        elif k == "chat":
+            made[k] = chat(c, active=8, turns=4, max_tokens=max_tokens, seed=seed)
+        elif k == "templated":
+            made[k] = templated(c, max_tokens=max_tokens, seed=seed)
+        else:
+            made[k] = unique(c, chars=unique_chars, max_tokens=max_tokens, seed=seed)
+    streams = {k: iter(v) for k, v in made.items()}
+    return [next(streams[k]) for k in slots]
+
+
 WORKLOADS: dict[str, Callable[..., list[WorkItem]]] = {
     "rag": rag,
     "chat": chat,
     "templated": templated,
     "unique": unique,
+    "mixed": mixed,
 }

@@ -19,6 +19,14 @@ parent is still the PID that spawned it and exits otherwise.
 Caveat: the kernel sends the signal when the *thread* that forked the child exits, so
 ``spawn`` must run on the event loop's thread (it does; never call it via
 ``to_thread``). The launcher costs one extra interpreter start per child (about 15 ms here).
+
+Synchronous callers (the test and benchmark launchers in ``preheat.testing``) use the
+same pieces: ``start_process`` is ``spawn`` for code without an event loop (same
+launcher, log handling and environment; a ``Process`` stops like a ``Child``), and
+``wait_http`` runs the one wait loop, ``wait_http_ok``, on a private event loop. There is
+one ``free_port``. A synchronous child started from a worker thread gets its
+parent-death signal when that *thread* ends, so ``start_process`` refuses to arm it off
+the main thread unless asked (``die_with_parent=False`` skips the launcher).
 """
 
 from __future__ import annotations
@@ -28,12 +36,30 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
+from typing import IO, Any, Protocol, TypeVar
 
 import aiohttp
 
-__all__ = ["Child", "free_port", "launcher_argv", "preheat_command", "spawn", "wait_http_ok"]
+__all__ = [
+    "ANY_STATUS",
+    "Child",
+    "Process",
+    "free_port",
+    "launcher_argv",
+    "preheat_command",
+    "spawn",
+    "start_process",
+    "wait_http",
+    "wait_http_ok",
+]
+
+_T = TypeVar("_T")
 
 #: Runs in the child before the real command: parent-death signal, race check, exec.
 _LAUNCHER = """\
@@ -71,6 +97,35 @@ def preheat_command(*args: str) -> list[str]:
     return [sys.executable, "-c", "from preheat.cli import main; main()", *args]
 
 
+def _child_env(env: Mapping[str, str] | None, *, inherit: bool = True) -> dict[str, str]:
+    """The environment of a child: this process's (unless ``inherit`` is False) plus ``env``."""
+    return {**(os.environ if inherit else {}), **(env or {})}
+
+
+def _open_log(log: Path | None) -> int:
+    """A descriptor that appends to ``log`` (created 0644 with its parents), or /dev/null."""
+    if log is None:
+        return os.open(os.devnull, os.O_WRONLY)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _send(pid: int, sig: int) -> None:
+    """``kill(pid, sig)``, quiet when the process is already gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _tail(log: Path | None, lines: int) -> str:
+    if log is None:
+        return ""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 class Child:
     """One started process with its log file."""
 
@@ -90,30 +145,23 @@ class Child:
     async def stop(self, timeout: float = 10.0, *, sig: int = signal.SIGTERM) -> int | None:
         """Signal the process (SIGTERM by default), wait, SIGKILL if it lingers."""
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, sig)
+            _send(self.proc.pid, sig)
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGKILL)
+                _send(self.proc.pid, signal.SIGKILL)
                 await self.proc.wait()
         return self.proc.returncode
 
     def tail(self, lines: int = 5) -> str:
         """The last lines of the log (why a process died)."""
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        return _tail(self.log, lines)
 
 
 async def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> Child:
     """Start ``argv`` with stdout and stderr appended to ``log``, in a session of its
     own, and (on Linux) stopped with SIGTERM when this process dies."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = _open_log(log)
     try:
         proc = await asyncio.create_subprocess_exec(
             *launcher_argv(argv),
@@ -121,11 +169,115 @@ async def spawn(argv: list[str], log: Path, *, env: dict[str, str] | None = None
             stdout=fd,
             stderr=fd,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env=_child_env(env),
         )
     finally:
         os.close(fd)
     return Child(proc, log, argv)
+
+
+class Process:
+    """A process started by ``start_process``: ``Child`` for synchronous callers."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        log: Path | None,
+        argv: list[str],
+        started_at: float,
+    ) -> None:
+        self.popen = popen
+        self.log = log
+        self.argv = argv
+        #: Epoch time just before the process was started.
+        self.started_at = started_at
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    @property
+    def stdin(self) -> IO[bytes] | None:
+        return self.popen.stdin
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code once it exits within ``timeout`` seconds, else None."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 10.0, *, sig: int = signal.SIGTERM) -> int | None:
+        """Signal the process (SIGTERM by default), wait, SIGKILL if it lingers; safe to
+        call twice."""
+        if self.popen.poll() is None:
+            _send(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _send(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        return self.popen.returncode
+
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of the log (why a process died)."""
+        return _tail(self.log, lines)
+
+
+def start_process(
+    argv: list[str],
+    log: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
+    stdin_pipe: bool = False,
+    die_with_parent: bool | None = None,
+) -> Process:
+    """``spawn`` without an event loop: start ``argv`` in a session of its own with stdout
+    and stderr appended to ``log`` (``None``: discarded).
+
+    ``die_with_parent`` (default: on the main thread only) wraps ``argv`` in the
+    parent-death launcher; the kernel signals when the starting *thread* ends, so a
+    worker thread must not arm it for a process that outlives the thread.
+    """
+    if die_with_parent is None:
+        die_with_parent = threading.current_thread() is threading.main_thread()
+    fd = _open_log(log)
+    started_at = time.time()
+    try:
+        popen = subprocess.Popen(
+            launcher_argv(argv) if die_with_parent else list(argv),
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            env=_child_env(env, inherit=inherit_env),
+        )
+    finally:
+        os.close(fd)
+    return Process(popen, log, list(argv), started_at)
+
+
+class _Running(Protocol):
+    @property
+    def running(self) -> bool: ...
+
+
+def ANY_STATUS(status: int) -> bool:
+    """Accept any HTTP answer as "up" (a 404 or 503 on the probe URL still means it listens)."""
+    return True
+
+
+def _is_200(status: int) -> bool:
+    return status == 200
 
 
 async def wait_http_ok(
@@ -133,10 +285,12 @@ async def wait_http_ok(
     url: str,
     *,
     timeout: float,
-    child: Child | None = None,
+    child: _Running | None = None,
     interval: float = 0.05,
+    accept: Callable[[int], bool] = _is_200,
 ) -> bool:
-    """Poll ``url`` until it answers 200; False when ``child`` exits or time runs out."""
+    """Poll ``url`` until it answers 200 (or a status ``accept`` takes); False when
+    ``child`` exits or time runs out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
@@ -144,9 +298,52 @@ async def wait_http_ok(
             return False
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                if resp.status == 200:
+                if accept(resp.status):
                     return True
         except (aiohttp.ClientError, TimeoutError, OSError):
             pass
         await asyncio.sleep(interval)
     return False
+
+
+def _run_blocking(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to completion on a private event loop, also from inside a running
+    one (then on a short-lived thread, as the caller blocks anyway)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: list[_T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(asyncio.run(coro))
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="preheat-wait-http")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
+def wait_http(
+    url: str,
+    *,
+    timeout: float,
+    child: _Running | None = None,
+    accept: Callable[[int], bool] = _is_200,
+    interval: float = 0.05,
+) -> bool:
+    """``wait_http_ok`` for synchronous callers (the same loop on a private event loop)."""
+
+    async def run() -> bool:
+        async with aiohttp.ClientSession() as session:
+            return await wait_http_ok(
+                session, url, timeout=timeout, child=child, accept=accept, interval=interval
+            )
+
+    return _run_blocking(run())

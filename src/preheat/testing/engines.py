@@ -25,9 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from typing import Any
 from preheat.errors import EngineUnavailable
 
 from .gguf_model import write_tiny_llama_gguf
-from .procs import free_port, stop_process
+from .procs import Process, free_port, start_server, wait_up
 
 __all__ = [
     "EngineProcess",
@@ -56,7 +54,7 @@ LLAMA_SERVER_ENV = "PREHEAT_LLAMA_SERVER"
 class EngineProcess:
     """A started engine process."""
 
-    proc: subprocess.Popen[bytes]
+    process: Process
     port: int
     log_path: Path
     spawned_at: float
@@ -70,7 +68,11 @@ class EngineProcess:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.process.pid
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.process.popen
 
     def log(self) -> str:
         try:
@@ -79,28 +81,21 @@ class EngineProcess:
             return ""
 
     def wait_healthy(self, timeout_s: float = 30.0) -> float:
-        """Poll ``/health`` until 200; returns the epoch time. Raises if the process dies."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise EngineUnavailable(
-                    f"engine on port {self.port} exited with {self.proc.returncode}:\n"
-                    f"{self.log()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return time.time()
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.05)
-        raise EngineUnavailable(
-            f"engine on port {self.port} not healthy after {timeout_s:.0f} s:\n{self.log()[-2000:]}"
+        """Wait until ``/health`` is 200; returns the epoch time. Raises
+        ``EngineUnavailable`` (with the log's tail) if the process dies or time runs out."""
+        wait_up(
+            self.process,
+            self.url + "/health",
+            timeout=timeout_s,
+            accept=lambda status: status == 200,
+            error=EngineUnavailable,
+            what="engine",
         )
+        return time.time()
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``; safe to call twice."""
-        stop_process(self.proc, grace_s=grace_s)
+        self.process.stop(grace_s)
 
 
 def engine_command(
@@ -142,21 +137,30 @@ def engine_command(
     return cmd + list(extra)
 
 
-def _spawn(argv: list[str], port: int, log_dir: Path, name: str) -> EngineProcess:
-    log_path = log_dir / f"{name}-{port}.log"
-    log_f = log_path.open("wb")
-    spawned = time.time()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log_f,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    finally:
-        log_f.close()
-    return EngineProcess(proc=proc, port=port, log_path=log_path, spawned_at=spawned, args=argv)
+def _start(
+    argv_for: Callable[[int], list[str]],
+    log_dir: Path,
+    name: str,
+    *,
+    port: int | None,
+    wait: bool,
+    timeout_s: float,
+) -> EngineProcess:
+    """Start one engine through ``start_server`` (a lost port race is retried)."""
+    proc, p = start_server(
+        argv_for,
+        port=port,
+        log=lambda p: log_dir / f"{name}-{p}.log",
+        timeout=timeout_s,
+        accept=lambda status: status == 200,
+        error=EngineUnavailable,
+        what=name,
+        wait=wait,
+    )
+    assert proc.log is not None
+    return EngineProcess(
+        process=proc, port=p, log_path=proc.log, spawned_at=proc.started_at, args=proc.argv
+    )
 
 
 def start_simulated_engine(
@@ -172,23 +176,14 @@ def start_simulated_engine(
     With ``wait`` it returns once ``/health`` is 200 (retrying on another port if the
     chosen one was taken). The caller must ``stop()`` it.
     """
-    for attempt in range(3):
-        p = port or free_port()
-        eng = _spawn(engine_command(p, **kw), p, log_dir, "engine")
-        if not wait:
-            return eng
-        try:
-            eng.wait_healthy(timeout_s)
-            return eng
-        except EngineUnavailable:
-            eng.stop()
-            if (
-                port is not None
-                or attempt == 2
-                or "address already in use" not in eng.log().lower()
-            ):
-                raise
-    raise AssertionError("unreachable")
+    return _start(
+        lambda p: engine_command(p, **kw),
+        log_dir,
+        "engine",
+        port=port,
+        wait=wait,
+        timeout_s=timeout_s,
+    )
 
 
 @contextlib.contextmanager
@@ -293,9 +288,9 @@ def llama_server(
         log_dir = Path(tmp)
     srv: EngineProcess | None = None
     try:
-        for attempt in range(3):
-            port = free_port()
-            argv = [
+
+        def argv(port: int) -> list[str]:
+            return [
                 str(binary),
                 "-m", str(model),
                 "--host", "127.0.0.1",
@@ -310,16 +305,8 @@ def llama_server(
                 *(["--alias", alias] if alias else []),
                 *extra,
             ]  # fmt: skip
-            srv = _spawn(argv, port, log_dir, "llama-server")
-            if not wait:
-                break
-            try:
-                srv.wait_healthy(timeout_s)
-                break
-            except EngineUnavailable:
-                srv.stop()
-                if attempt == 2 or "bind" not in srv.log().lower():
-                    raise
+
+        srv = _start(argv, log_dir, "llama-server", port=None, wait=wait, timeout_s=timeout_s)
         assert srv is not None
         yield srv
     finally:

@@ -17,14 +17,16 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .procs import free_port, stop_process, wait_http
+from .procs import free_port, start_server
+
+__all__ = ["NGINX", "HttpOrigin", "S3Origin", "free_port", "nginx_origin", "s3_origin"]
 
 NGINX = os.environ.get("PREHEAT_NGINX", "/usr/sbin/nginx")
 
@@ -93,7 +95,6 @@ def nginx_origin(
         raise RuntimeError(
             f"nginx not found at {NGINX}; run scripts/install-sysdeps.sh (Debian nginx-light)"
         )
-    port = port or free_port()
     tmp = Path(tempfile.mkdtemp(prefix="preheat-nginx-"))
     limit = f"limit_rate {int(limit_rate)};" if limit_rate else ""
     conf = tmp / "nginx.conf"
@@ -104,21 +105,26 @@ def nginx_origin(
         import pwd
 
         user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
-    conf.write_text(
-        _NGINX_CONF.format(
-            user=user, workers=workers, tmp=tmp, port=port, root=Path(root).resolve(), limit=limit
+
+    def argv(p: int) -> list[str]:
+        conf.write_text(
+            _NGINX_CONF.format(
+                user=user, workers=workers, tmp=tmp, port=p, root=Path(root).resolve(), limit=limit
+            )
         )
-    )
-    proc = subprocess.Popen(
-        [NGINX, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+        return [NGINX, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")]
+
     try:
-        wait_http(f"http://127.0.0.1:{port}/", 10, proc)
+        proc, port = start_server(
+            argv, port=port, health="/", log=tmp / "stderr.log", timeout=10, what="nginx"
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
         yield HttpOrigin(root=Path(root), port=port, pid=proc.pid)
     finally:
-        stop_process(proc, grace_s=10, sig=signal.SIGQUIT)  # graceful: master waits for its workers
+        proc.stop(10, sig=signal.SIGQUIT)  # graceful: the master waits for its workers
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -148,30 +154,25 @@ def s3_origin(port: int | None = None) -> Iterator[S3Origin]:
     Sets the dummy AWS credentials the server accepts in this process's environment for
     the duration, so ``preheat cache pull s3://...`` subprocesses inherit them.
     """
-    port = port or free_port()
-    env = dict(os.environ)
-    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    code = (
-        "import sys\n"
-        "from moto.server import ThreadedMotoServer\n"
-        f"s = ThreadedMotoServer(ip_address='127.0.0.1', port={port})\n"
-        "s.start()\n"
-        "sys.stdin.read()\n"
-        "s.stop()\n"
-    )
-    import sys
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
+    def argv(p: int) -> list[str]:
+        code = (
+            "import sys\n"
+            "from moto.server import ThreadedMotoServer\n"
+            f"s = ThreadedMotoServer(ip_address='127.0.0.1', port={p})\n"
+            "s.start()\n"
+            "sys.stdin.read()\n"
+            "s.stop()\n"
+        )
+        return [sys.executable, "-c", code]
+
+    proc, port = start_server(
+        argv, port=port, health="/", env=env, stdin_pipe=True, timeout=30, what="moto S3"
     )
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        wait_http(f"http://127.0.0.1:{port}/", 30, proc)
         yield S3Origin(endpoint_url=f"http://127.0.0.1:{port}", pid=proc.pid)
     finally:
         for k, v in saved.items():
@@ -179,10 +180,8 @@ def s3_origin(port: int | None = None) -> Iterator[S3Origin]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if proc.stdin is not None:
+        if proc.stdin is not None:  # EOF on stdin: the server stops itself
             with contextlib.suppress(OSError):
                 proc.stdin.close()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            stop_process(proc)
+        if proc.wait(5) is None:
+            proc.stop()

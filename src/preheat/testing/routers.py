@@ -17,30 +17,34 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .procs import free_port, stop_process, wait_http
+from .procs import Process, free_port, start_server
 
 DEFAULT_SALT = "preheat-test-salt-0123456789abcdef"
+
+#: Peer routers for comparisons: kind -> (command, log level flag value). Both start with
+#: their own default retries (no ``--disable-retries``): a benchmark compares what users run.
+PEER_ROUTERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sglang": (("sglang-router", "launch"), "warn"),
+    "vllm": (("vllm-router",), "warning"),
+}
 
 
 @dataclass
 class RouterProcess:
     """A running router process: its URL, PID and admin token."""
 
-    proc: subprocess.Popen[bytes]
+    process: Process
     port: int
     admin_token: str | None = None
     log_path: Path | None = None
-    _log: Any = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -48,7 +52,11 @@ class RouterProcess:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.process.pid
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.process.popen
 
     def admin(self, method: str, path: str, body: Any = None, *, token: str | None = None) -> Any:
         """Call the admin API; returns the decoded JSON (raises HTTPError on >= 400)."""
@@ -60,34 +68,31 @@ class RouterProcess:
             return json.loads(resp.read())
 
     def stop(self) -> None:
-        """SIGTERM the process by PID, SIGKILL it after 5 s; close its log."""
-        stop_process(self.proc)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        """SIGTERM the process by PID, SIGKILL it after 5 s; safe to call twice."""
+        self.process.stop(5)
 
 
-def _launch(
-    cmd: list[str],
-    port: int,
-    health: str,
-    env: dict[str, str],
+def _serve(
+    argv_for: Any,
+    *,
+    port: int | None,
     log_path: Path | None,
     timeout: float,
-) -> tuple[subprocess.Popen[bytes], Any]:
-    log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
-    out = log if log is not None else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_http(f"http://127.0.0.1:{port}{health}", timeout, proc)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-        if log is not None:
-            log.close()
-        raise
-    return proc, log
+    env: dict[str, str] | None = None,
+    inherit_env: bool = True,
+    what: str,
+    admin_token: str | None = None,
+) -> RouterProcess:
+    proc, p = start_server(
+        argv_for,
+        port=port,
+        log=log_path,
+        env=env,
+        inherit_env=inherit_env,
+        timeout=timeout,
+        what=what,
+    )
+    return RouterProcess(process=proc, port=p, admin_token=admin_token, log_path=log_path)
 
 
 def launch_router(
@@ -106,28 +111,38 @@ def launch_router(
     timeout: float = 30.0,
 ) -> RouterProcess:
     """Start ``preheat router serve`` and wait for ``/health``; the caller must ``stop()`` it."""
-    port = port or free_port()
-    cmd = [str(Path(sys.executable).parent / "preheat"), "router", "serve", "--port", str(port)]
-    if config is not None:
-        cmd += ["--config", str(config)]
-    else:
-        cmd += ["--strategy", strategy]
-        for b in backends:
-            cmd += ["--backend", b]
-        if prefix_length is not None:
-            cmd += ["--prefix-length", str(prefix_length)]
-        if concurrency_threshold is not None:
-            cmd += ["--concurrency-threshold", str(concurrency_threshold)]
-    if decision_log is not None:
-        cmd += ["--decision-log", str(decision_log)]
-    cmd += ["--log-level", "WARNING", *extra_args]
+
+    def argv(p: int) -> list[str]:
+        cmd = [str(Path(sys.executable).parent / "preheat"), "router", "serve", "--port", str(p)]
+        if config is not None:
+            cmd += ["--config", str(config)]
+        else:
+            cmd += ["--strategy", strategy]
+            for b in backends:
+                cmd += ["--backend", b]
+            if prefix_length is not None:
+                cmd += ["--prefix-length", str(prefix_length)]
+            if concurrency_threshold is not None:
+                cmd += ["--concurrency-threshold", str(concurrency_threshold)]
+        if decision_log is not None:
+            cmd += ["--decision-log", str(decision_log)]
+        return [*cmd, "--log-level", "WARNING", *extra_args]
+
     env = dict(os.environ)
     env["PREHEAT_ROUTER_SALT"] = salt
     env.pop("PREHEAT_ADMIN_TOKEN", None)
     if admin_token is not None:
         env["PREHEAT_ADMIN_TOKEN"] = admin_token
-    proc, log = _launch(cmd, port, "/health", env, log_path, timeout)
-    return RouterProcess(proc=proc, port=port, admin_token=admin_token, log_path=log_path, _log=log)
+    return _serve(
+        argv,
+        port=port,
+        log_path=log_path,
+        timeout=timeout,
+        env=env,
+        inherit_env=False,
+        what="preheat router",
+        admin_token=admin_token,
+    )
 
 
 @contextlib.contextmanager
@@ -140,6 +155,20 @@ def start_router(**kwargs: Any) -> Iterator[RouterProcess]:
         r.stop()
 
 
+def peer_router_argv(
+    kind: str, port: int, backends: Sequence[str], *, policy: str, prometheus_port: int
+) -> list[str]:
+    """The command line of a peer router: its defaults except address, policy, workers and
+    log level (retries and circuit breaker as shipped)."""
+    if kind not in PEER_ROUTERS:
+        raise ValueError(f"peer router {kind!r} is unknown; use one of {sorted(PEER_ROUTERS)}")
+    exe, log_level = PEER_ROUTERS[kind]
+    cmd = [str(Path(sys.executable).parent / exe[0]), *exe[1:]]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy]
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
+    return [*cmd, "--worker-urls", *backends, "--log-level", log_level]
+
+
 @contextlib.contextmanager
 def start_peer_router(
     kind: str,
@@ -150,23 +179,14 @@ def start_peer_router(
     log_path: Path | None = None,
     timeout: float = 60.0,
 ) -> Iterator[RouterProcess]:
-    """Start ``sglang-router`` or ``vllm-router`` (from the venv) in front of ``backends``."""
-    port = port or free_port()
-    bindir = Path(sys.executable).parent
-    if kind == "sglang":
-        cmd = [str(bindir / "sglang-router"), "launch"]
-        extra = ["--disable-retries", "--log-level", "warn"]
-    elif kind == "vllm":
-        cmd = [str(bindir / "vllm-router")]
-        extra = ["--disable-retries", "--log-level", "warning"]
-    else:
-        raise ValueError(f"peer router {kind!r} is unknown; use 'sglang' or 'vllm'")
-    # Each peer also opens a Prometheus port (29000 by default): give every one its own.
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy]
-    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-    cmd += ["--worker-urls", *backends, *extra]
-    proc, log = _launch(cmd, port, "/health", dict(os.environ), log_path, timeout)
-    r = RouterProcess(proc=proc, port=port, log_path=log_path, _log=log)
+    """Start ``sglang-router`` or ``vllm-router`` (from the venv) in front of ``backends``
+    with their default retry and circuit-breaker settings (as a user would run them)."""
+    prometheus = free_port()  # each peer also opens one (29000 by default): its own
+
+    def argv(p: int) -> list[str]:
+        return peer_router_argv(kind, p, backends, policy=policy, prometheus_port=prometheus)
+
+    r = _serve(argv, port=port, log_path=log_path, timeout=timeout, what=f"{kind}-router")
     try:
         yield r
     finally:
@@ -256,10 +276,13 @@ def fast_backend_app(name: str = "backend") -> Any:
 @contextlib.contextmanager
 def start_fast_backend(port: int | None = None) -> Iterator[RouterProcess]:
     """Run ``fast_backend_app`` in its own process (uvloop) on 127.0.0.1."""
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "preheat.testing.routers", "--port", str(port)]
-    proc, log = _launch(cmd, port, "/health", dict(os.environ), None, 30.0)
-    r = RouterProcess(proc=proc, port=port, _log=log)
+    r = _serve(
+        lambda p: [sys.executable, "-m", "preheat.testing.routers", "--port", str(p)],
+        port=port,
+        log_path=None,
+        timeout=30.0,
+        what="fast backend",
+    )
     try:
         yield r
     finally:
