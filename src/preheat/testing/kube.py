@@ -39,7 +39,8 @@ from typing import Any
 
 import yaml
 
-from preheat.testing.procs import free_port, stop_process
+from preheat.runtime.procs import start_process
+from preheat.testing.procs import Process, free_port
 
 __all__ = [
     "KUBE_VERSION",
@@ -189,7 +190,7 @@ def write_kubeconfig(path: Path, *, server: str, ca_file: Path, token: str, user
 @dataclass
 class _Daemon:
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     log: Path
 
 
@@ -251,15 +252,11 @@ class KubeCluster:
     ) -> _Daemon:
         log = self.root / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                list(argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # setsid: its own session, stopped by PID
-                env=dict(env) if env is not None else None,
-            )
+        # The one launcher (runtime.procs): its own session, stopped by PID, and SIGTERM
+        # when the test process dies, so a killed pytest leaves no control plane behind.
+        proc = start_process(
+            list(argv), log, env=env, inherit_env=env is None, die_with_parent=True
+        )
         return _Daemon(name, proc, log)
 
     def _wait(self, what: str, daemon: _Daemon | None, ok: Any, timeout: float) -> None:
@@ -267,7 +264,7 @@ class KubeCluster:
         deadline = start + timeout
         last: object = None
         while time.monotonic() < deadline:
-            if daemon is not None and daemon.proc.poll() is not None:
+            if daemon is not None and not daemon.proc.running:
                 tail = daemon.log.read_text(errors="replace")[-3000:]
                 raise RuntimeError(
                     f"{daemon.name} exited with code {daemon.proc.returncode}; log tail:\n{tail}"
@@ -429,9 +426,9 @@ class KubeCluster:
         """Stop the kubelet stand-ins (they end their pods), then the control plane, by PID,
         newest first; safe to call twice."""
         for daemon in list(self.kubelets.values()):
-            stop_process(daemon.proc, grace_s=10)
+            daemon.proc.stop(10)
         for daemon in reversed(self.daemons):
-            stop_process(daemon.proc, grace_s=10)
+            daemon.proc.stop(10)
 
     # --- clients ----------------------------------------------------------------------
 
@@ -528,7 +525,7 @@ class KubeCluster:
         """Stop a node's kubelet stand-in (its pods' processes end with it); the Node object
         stays and turns NotReady once its Lease expires, as when a machine dies."""
         daemon = self.kubelets.pop(name)
-        stop_process(daemon.proc, grace_s=10)
+        daemon.proc.stop(10)
 
     def wait_for(self, what: str, ok: Any, timeout: float = 60.0) -> Any:
         """Poll ``ok()`` until it returns a truthy value (returned), or raise naming ``what``."""
