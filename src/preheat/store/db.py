@@ -1,8 +1,14 @@
-"""The store's sqlite metadata: snapshots, revisions, blobs, leases, fingerprints, reservations.
+"""The store's sqlite metadata: the one repository that owns every SQL statement.
+
+Tables: snapshots, snapshot_blobs, revisions, blobs, leases, fingerprints, reservations,
+reservation_blobs. ``Db.read()`` and ``Db.write()`` hand out a ``Tx``, whose methods are
+the only statements the store runs; nothing else in preheat writes SQL against
+``store.db``.
 
 Every call opens its own connection (WAL mode, 30 s busy timeout), so one ``NodeStore``
 can be used from several threads and several processes can share one store. Writes that
 must decide on a consistent view (reserving space, evicting) run in ``BEGIN IMMEDIATE``.
+These calls block (up to the busy timeout): async callers run them in a thread.
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+
+from preheat.artifacts.manifest import Manifest
+from preheat.store.evict import SnapshotInfo
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -64,6 +73,248 @@ CREATE TABLE IF NOT EXISTS reservation_blobs (
 """
 
 
+class Tx:
+    """The statements of the store, on one connection (inside a transaction for writes)."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+
+    # --- revisions and refs ---------------------------------------------------------------
+
+    def digest_for_revision(self, revision: str) -> str | None:
+        row = self.con.execute(
+            "SELECT r.digest FROM revisions r JOIN snapshots s ON s.digest = r.digest "
+            "WHERE r.revision=?",
+            (revision,),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def require(self, key: str) -> str | None:
+        """The snapshot digest for a manifest digest, revision or unique digest prefix."""
+        row = self.con.execute("SELECT digest FROM snapshots WHERE digest=?", (key,)).fetchone()
+        if row is None:
+            row = self.con.execute(
+                "SELECT r.digest FROM revisions r JOIN snapshots s ON s.digest=r.digest "
+                "WHERE r.revision=?",
+                (key,),
+            ).fetchone()
+        if row is None and len(key) >= 8:
+            rows = self.con.execute(
+                "SELECT digest FROM snapshots WHERE digest LIKE ?", (key + "%",)
+            ).fetchall()
+            if len(rows) == 1:
+                row = rows[0]
+        return None if row is None else str(row[0])
+
+    # --- blobs and fingerprints -----------------------------------------------------------
+
+    def fingerprint_digest(self, fingerprint: str) -> str | None:
+        row = self.con.execute(
+            "SELECT digest FROM fingerprints WHERE fingerprint=?", (fingerprint,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def record_blob(self, digest: str, size: int, fingerprint: str) -> None:
+        self.con.execute(
+            "INSERT OR IGNORE INTO blobs(digest, size, added) VALUES (?,?,?)",
+            (digest, size, time.time()),
+        )
+        self.con.execute(
+            "INSERT OR REPLACE INTO fingerprints(fingerprint, digest) VALUES (?,?)",
+            (fingerprint, digest),
+        )
+
+    def blob_sizes(self) -> dict[str, int]:
+        return {str(d): int(s) for d, s in self.con.execute("SELECT digest, size FROM blobs")}
+
+    def blob_size(self, digest: str) -> int | None:
+        row = self.con.execute("SELECT size FROM blobs WHERE digest=?", (digest,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def blob_in_use(self, digest: str) -> bool:
+        return (
+            self.con.execute(
+                "SELECT 1 FROM snapshot_blobs WHERE blob=? LIMIT 1", (digest,)
+            ).fetchone()
+            is not None
+        )
+
+    def drop_blob(self, digest: str) -> None:
+        self.con.execute("DELETE FROM blobs WHERE digest=?", (digest,))
+        self.con.execute("DELETE FROM fingerprints WHERE digest=?", (digest,))
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    def commit_snapshot(
+        self,
+        ref: str,
+        revision: str,
+        manifest: Manifest,
+        digest: str,
+        fingerprints: Mapping[str, str],
+    ) -> None:
+        now = time.time()
+        self.con.execute(
+            "INSERT INTO snapshots(digest, size, files, created, last_use, manifest) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT(digest) DO UPDATE SET last_use=excluded.last_use",
+            (digest, manifest.total_size, len(manifest.files), now, now, manifest.to_json()),
+        )
+        for f in manifest.files:
+            assert f.sha256 is not None
+            self.con.execute(
+                "INSERT OR IGNORE INTO snapshot_blobs(snapshot, blob) VALUES (?,?)",
+                (digest, f.sha256),
+            )
+            self.con.execute(
+                "INSERT OR IGNORE INTO blobs(digest, size, added) VALUES (?,?,?)",
+                (f.sha256, f.size, now),
+            )
+            self.con.execute(
+                "INSERT OR IGNORE INTO fingerprints(fingerprint, digest) VALUES (?,?)",
+                (fingerprints[f.path], f.sha256),
+            )
+        self.con.execute(
+            "INSERT OR REPLACE INTO revisions(revision, digest, ref, resolved) VALUES (?,?,?,?)",
+            (revision, digest, ref, now),
+        )
+
+    def touch(self, digest: str) -> None:
+        self.con.execute("UPDATE snapshots SET last_use=? WHERE digest=?", (time.time(), digest))
+
+    def manifest_json(self, digest: str) -> str | None:
+        row = self.con.execute(
+            "SELECT manifest FROM snapshots WHERE digest=?", (digest,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def pinned(self, digest: str) -> bool | None:
+        """Whether the snapshot is pinned; None when it does not exist."""
+        row = self.con.execute("SELECT pinned FROM snapshots WHERE digest=?", (digest,)).fetchone()
+        return None if row is None else bool(row[0])
+
+    def set_flag(self, digest: str, column: str, value: int) -> None:
+        if column not in ("pinned", "priority"):
+            raise ValueError(f"column {column!r} is not settable")
+        self.con.execute(f"UPDATE snapshots SET {column}=? WHERE digest=?", (value, digest))
+
+    def snapshot_blobs(self, digest: str) -> list[str]:
+        return [
+            str(b)
+            for (b,) in self.con.execute(
+                "SELECT blob FROM snapshot_blobs WHERE snapshot=?", (digest,)
+            )
+        ]
+
+    def drop_snapshot(self, digest: str) -> None:
+        self.con.execute("DELETE FROM snapshots WHERE digest=?", (digest,))
+        self.con.execute("DELETE FROM snapshot_blobs WHERE snapshot=?", (digest,))
+        self.con.execute("DELETE FROM revisions WHERE digest=?", (digest,))
+        self.con.execute("DELETE FROM leases WHERE digest=?", (digest,))
+
+    def infos(self) -> list[SnapshotInfo]:
+        leases: dict[str, list[str]] = {}
+        for d, h in self.con.execute("SELECT digest, holder FROM leases ORDER BY since"):
+            leases.setdefault(d, []).append(h)
+        blobs: dict[str, set[str]] = {}
+        for s, b in self.con.execute("SELECT snapshot, blob FROM snapshot_blobs"):
+            blobs.setdefault(s, set()).add(b)
+        revs: dict[str, list[str]] = {}
+        refs: dict[str, list[str]] = {}
+        for rev, d, ref in self.con.execute(
+            "SELECT revision, digest, ref FROM revisions ORDER BY resolved"
+        ):
+            revs.setdefault(d, []).append(rev)
+            if ref not in refs.setdefault(d, []):
+                refs[d].append(ref)
+        out = []
+        for d, size, files, created, last_use, pinned, priority in self.con.execute(
+            "SELECT digest, size, files, created, last_use, pinned, priority FROM snapshots"
+        ):
+            out.append(
+                SnapshotInfo(
+                    digest=d,
+                    size=int(size),
+                    files=int(files),
+                    created=float(created),
+                    last_use=float(last_use),
+                    pinned=bool(pinned),
+                    leases=tuple(leases.get(d, ())),
+                    priority=int(priority),
+                    blobs=frozenset(blobs.get(d, ())),
+                    revisions=tuple(revs.get(d, ())),
+                    refs=tuple(refs.get(d, ())),
+                )
+            )
+        return out
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def holders(self, digest: str) -> list[str]:
+        return [
+            str(h)
+            for (h,) in self.con.execute(
+                "SELECT holder FROM leases WHERE digest=? ORDER BY since", (digest,)
+            )
+        ]
+
+    def leased(self, digest: str) -> bool:
+        return (
+            self.con.execute("SELECT 1 FROM leases WHERE digest=? LIMIT 1", (digest,)).fetchone()
+            is not None
+        )
+
+    def add_lease(self, digest: str, holder: str, now: float) -> None:
+        self.con.execute(
+            "INSERT OR IGNORE INTO leases(digest, holder, since) VALUES (?,?,?)",
+            (digest, holder, now),
+        )
+        self.con.execute("UPDATE snapshots SET last_use=? WHERE digest=?", (now, digest))
+
+    def drop_lease(self, key: str, holder: str) -> bool:
+        """Drop ``holder``'s lease on the snapshot named by digest or revision ``key``."""
+        cur = self.con.execute(
+            "DELETE FROM leases WHERE (digest=? OR digest IN "
+            "(SELECT digest FROM revisions WHERE revision=?)) AND holder=?",
+            (key, key, holder),
+        )
+        self.con.execute("UPDATE snapshots SET last_use=? WHERE digest=?", (time.time(), key))
+        return cur.rowcount > 0
+
+    def drop_holder(self, holder: str) -> int:
+        return int(self.con.execute("DELETE FROM leases WHERE holder=?", (holder,)).rowcount)
+
+    # --- space ----------------------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        return int(self.con.execute("SELECT coalesce(sum(size),0) FROM blobs").fetchone()[0])
+
+    def reserved_bytes(self) -> int:
+        return int(
+            self.con.execute("SELECT coalesce(sum(bytes),0) FROM reservations").fetchone()[0]
+        )
+
+    def reservations(self) -> list[tuple[str, int]]:
+        """(id, owner pid) of every reservation."""
+        return [(str(r), int(p)) for r, p in self.con.execute("SELECT id, pid FROM reservations")]
+
+    def add_reservation(self, rid: str, need: int, pid: int, blobs: Iterable[str]) -> None:
+        self.con.execute(
+            "INSERT INTO reservations(id, bytes, pid, created) VALUES (?,?,?,?)",
+            (rid, need, pid, time.time()),
+        )
+        self.con.executemany(
+            "INSERT INTO reservation_blobs(reservation, blob) VALUES (?,?)",
+            [(rid, b) for b in blobs],
+        )
+
+    def drop_reservation(self, rid: str) -> None:
+        self.con.execute("DELETE FROM reservations WHERE id=?", (rid,))
+        self.con.execute("DELETE FROM reservation_blobs WHERE reservation=?", (rid,))
+
+    def protected_blobs(self) -> set[str]:
+        return {str(r[0]) for r in self.con.execute("SELECT blob FROM reservation_blobs")}
+
+
 class Db:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -93,12 +344,18 @@ class Db:
             con.close()
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def read(self) -> Iterator[Tx]:
+        """Statements on an autocommit connection (each one sees the latest commit)."""
+        with self.connect() as con:
+            yield Tx(con)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Tx]:
         """A ``BEGIN IMMEDIATE`` transaction: one writer at a time across processes."""
         with self.connect() as con:
             con.execute("BEGIN IMMEDIATE")
             try:
-                yield con
+                yield Tx(con)
             except BaseException:
                 con.execute("ROLLBACK")
                 raise

@@ -1,0 +1,304 @@
+"""Pull orchestration: resolve, reserve, fill the missing blobs, publish, commit.
+
+A pull resolves a ref to a revision and manifest, reserves space (evicting by plan if it
+must, refusing before any download if even that is not enough), fetches only the blobs the
+store lacks (``store.fill``), links a snapshot directory and commits its row. Fills of the
+same blob by several pullers are serialised by a per-blob file lock, and every visible
+file is complete and verified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from preheat.artifacts.manifest import Manifest
+from preheat.artifacts.refs import ArtifactRef, parse_ref
+from preheat.errors import ConfigError, RevisionChanged
+from preheat.sources.base import Location, Resolution, open_source
+from preheat.store.db import Db
+from preheat.store.fill import (
+    FillContext,
+    FillStats,
+    RateLimiter,
+    Slots,
+    fetch_blob,
+    fsync_dirs,
+    lock_file,
+    unlock_file,
+)
+from preheat.store.layout import Layout
+from preheat.store.results import PullResult
+from preheat.store.space import Space
+
+# progress(done_bytes, total_bytes), called from the pull's event loop about 5 times a second.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    """How one pull fetches (validated by ``check``)."""
+
+    rate_limit: float | None
+    connections: int
+    progress: Progress | None
+    chunk: int
+
+    def check(self) -> None:
+        if self.connections < 1:
+            raise ConfigError(f"connections {self.connections} must be >= 1")
+        if self.chunk < 64 << 10:
+            raise ConfigError(f"chunk size {self.chunk} is below 64 KiB; use e.g. 32MiB")
+        if self.rate_limit is not None and self.rate_limit <= 0:
+            raise ConfigError(f"rate_limit {self.rate_limit} must be > 0 bytes/s (or None)")
+
+
+@dataclass
+class _Want:
+    key: str
+    size: int
+    expected: str | None
+    location: Location
+    paths: list[str] = field(default_factory=list)
+
+
+class Puller:
+    """Pulls into one store (``NodeStore.apull`` delegates here)."""
+
+    def __init__(
+        self, db: Db, layout: Layout, space: Space, *, fsync: bool, retries: int, backoff: float
+    ) -> None:
+        self.db = db
+        self.layout = layout
+        self.space = space
+        self.fsync = fsync
+        self.retries = retries
+        self.backoff = backoff
+
+    async def apull(
+        self,
+        ref: str,
+        opts: PullOptions,
+        *,
+        endpoint_url: str | None,
+        revision: str | None,
+    ) -> PullResult:
+        opts.check()
+        t0 = time.monotonic()
+        r = parse_ref(ref)
+        source = open_source(r, endpoint_url=endpoint_url, connections=opts.connections)
+        try:
+            res = await source.resolve()
+            if revision is not None and res.revision != revision:
+                raise RevisionChanged(
+                    f"{ref} now resolves to revision {res.revision}, not {revision}; "
+                    "nothing was fetched (apply the spec again to move to the new revision)"
+                )
+            return await self._pull_resolved(r, res, source, t0, opts)
+        finally:
+            await source.aclose()
+
+    async def _pull_resolved(
+        self, ref: ArtifactRef, res: Resolution, source: Any, t0: float, opts: PullOptions
+    ) -> PullResult:
+        progress = opts.progress
+        total = res.manifest.total_size
+        known = self.digest_for_revision(res.revision)
+        if known is not None:
+            with self.db.write() as tx:
+                tx.touch(known)
+            self.record_ref(ref, res.revision, known)
+            if progress is not None:
+                progress(total, total)
+            return PullResult(
+                self.layout.snapshot(known), res.revision, known, 0, total, time.monotonic() - t0
+            )
+        manifest = res.manifest.with_digests(self.known_fingerprints(res))
+        wants: dict[str, _Want] = {}
+        present: set[str] = set()
+        for f in manifest.files:
+            if f.sha256 is not None and self.layout.blob(f.sha256).exists():
+                present.add(f.sha256)
+                continue
+            loc = res.locations[f.path]
+            key = f.sha256 or hashlib.sha256(loc.fingerprint.encode()).hexdigest()
+            wants.setdefault(key, _Want(key, f.size, f.sha256, loc)).paths.append(f.path)
+        need = sum(w.size for w in wants.values())
+        reservation = self.space.reserve(ref.text, need, present)
+        stats = FillStats(total=total)
+        stats.reused = total - sum(w.size * len(w.paths) for w in wants.values())
+        digests: dict[str, str] = {}
+        try:
+            if wants:
+                digests = await self._fill(wants, source, stats, opts)
+        finally:
+            self.space.release(reservation)
+        manifest = manifest.with_digests(digests)
+        digest = manifest.digest
+        self._publish_snapshot(manifest, digest)
+        fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
+        with self.db.write() as tx:
+            tx.commit_snapshot(ref.text, res.revision, manifest, digest, fingerprints)
+        self.record_ref(ref, res.revision, digest)
+        if progress is not None:
+            progress(total, total)
+        return PullResult(
+            snapshot=self.layout.snapshot(digest),
+            revision=res.revision,
+            manifest_digest=digest,
+            bytes_fetched=stats.fetched,
+            bytes_reused=stats.reused,
+            seconds=time.monotonic() - t0,
+            bytes_resumed=stats.resumed,
+        )
+
+    async def _fill(
+        self, wants: dict[str, _Want], source: Any, stats: FillStats, opts: PullOptions
+    ) -> dict[str, str]:
+        """Fetch every wanted blob; returns manifest path -> sha256 for each."""
+        progress = opts.progress
+        executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="preheat-fill")
+        ctx = FillContext(
+            source=source,
+            layout=self.layout,
+            connections=Slots(opts.connections),
+            executor=executor,
+            stats=stats,
+            limiter=RateLimiter(opts.rate_limit) if opts.rate_limit else None,
+            fsync=self.fsync,
+            chunk=opts.chunk,
+            retries=self.retries,
+            backoff=self.backoff,
+        )
+        files = asyncio.Semaphore(4)  # files hashed at once (one thread each)
+        out: dict[str, str] = {}
+
+        async def one(w: _Want, seq: int) -> None:
+            async with files:
+                lock = await lock_file(self.layout.tmp / f"{w.key}.lock")
+                try:
+                    digest = self._already_there(w)
+                    if digest is not None:
+                        stats.reused += w.size * len(w.paths)
+                    else:
+                        digest = await fetch_blob(
+                            ctx, w.paths[0], w.location, w.size, w.expected, w.key, seq
+                        )
+                        with self.db.write() as tx:
+                            tx.record_blob(digest, w.size, w.location.fingerprint)
+                finally:
+                    unlock_file(lock)
+            for p in w.paths:
+                out[p] = digest
+
+        async def report() -> None:
+            assert progress is not None
+            while True:
+                progress(stats.done, stats.total)
+                await asyncio.sleep(0.2)
+
+        reporter = asyncio.create_task(report()) if progress is not None else None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                # biggest first keeps every connection busy to the end
+                for seq, w in enumerate(sorted(wants.values(), key=lambda w: -w.size)):
+                    tg.create_task(one(w, seq))
+            if ctx.dirty_dirs:
+                await asyncio.get_running_loop().run_in_executor(
+                    executor, fsync_dirs, ctx.dirty_dirs
+                )
+        except BaseExceptionGroup as eg:
+            first: BaseException = eg
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+        finally:
+            if reporter is not None:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
+            executor.shutdown(wait=False)
+        return out
+
+    def _already_there(self, w: _Want) -> str | None:
+        """The digest if another puller published this blob while we waited for its lock."""
+        if w.expected is not None:
+            return w.expected if self.layout.blob(w.expected).exists() else None
+        with self.db.read() as tx:
+            digest = tx.fingerprint_digest(w.location.fingerprint)
+        if digest is not None and self.layout.blob(digest).exists():
+            return digest
+        return None
+
+    def known_fingerprints(self, res: Resolution) -> dict[str, str]:
+        """path -> sha256 for files without a digest whose fingerprint was hashed before."""
+        unknown = {
+            f.path: res.locations[f.path].fingerprint
+            for f in res.manifest.files
+            if f.sha256 is None
+        }
+        if not unknown:
+            return {}
+        out = {}
+        with self.db.read() as tx:
+            for path, fp in unknown.items():
+                digest = tx.fingerprint_digest(fp)
+                if digest is not None and self.layout.blob(digest).exists():
+                    out[path] = digest
+        return out
+
+    def digest_for_revision(self, revision: str) -> str | None:
+        with self.db.read() as tx:
+            digest = tx.digest_for_revision(revision)
+        if digest is None or not self.layout.snapshot(digest).is_dir():
+            return None
+        return digest
+
+    def _publish_snapshot(self, manifest: Manifest, digest: str) -> None:
+        final = self.layout.snapshot(digest)
+        if final.is_dir():
+            return
+        work = self.layout.tmp / f"snap-{digest[:16]}-{uuid.uuid4().hex[:8]}"
+        work.mkdir()
+        try:
+            for f in manifest.files:
+                assert f.sha256 is not None
+                dest = self.layout.inside(work, f.path)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.link(self.layout.blob(f.sha256), dest)
+            try:
+                os.rename(work, final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+            if self.fsync:
+                fsync_dirs({self.layout.snapshots, final})
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+
+    def record_ref(self, ref: ArtifactRef, revision: str, digest: str) -> None:
+        d = self.layout.refs / ref.key
+        d.mkdir(parents=True, exist_ok=True)
+        entry = {
+            "ref": ref.text,
+            "revision": revision,
+            "manifest_digest": digest,
+            "resolved": time.time(),
+        }
+        line = json.dumps(entry)
+        tmp = d / f".latest.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        tmp.write_text(line + "\n")
+        os.replace(tmp, d / "latest")
+        with open(d / "history.jsonl", "a") as f:
+            f.write(line + "\n")

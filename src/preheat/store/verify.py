@@ -1,0 +1,103 @@
+"""Housekeeping: re-hash every blob (``verify``) and clean leftovers in ``tmp/``."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from preheat.store.db import Db
+from preheat.store.layout import Layout
+from preheat.store.results import VerifyReport
+from preheat.store.space import Space
+
+
+def hash_file(path: os.PathLike[str] | str) -> str | None:
+    """sha256 of a file's bytes, or None when it is missing."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(16 << 20):
+                h.update(chunk)
+    except FileNotFoundError:
+        return None
+    return h.hexdigest()
+
+
+def clean_tmp(layout: Layout, *, partial_max_age: float, work_max_age: float) -> int:
+    """Remove snapshot work dirs and trash older than ``work_max_age`` s, and partial
+    downloads nobody holds the lock of, last touched more than ``partial_max_age`` s ago."""
+    now = time.time()
+    removed = 0
+    for p in layout.tmp.iterdir():
+        try:
+            age = now - p.lstat().st_mtime
+        except FileNotFoundError:
+            continue
+        if p.is_dir() and p.name.startswith(("snap-", "trash-")) and age > work_max_age:
+            shutil.rmtree(p, ignore_errors=True)
+            removed += 1
+        elif p.suffix == ".part" and age > partial_max_age:
+            lock = p.with_suffix(".lock")
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a fill is using it
+                for q in (p, p.with_suffix(".json")):
+                    with contextlib.suppress(FileNotFoundError):
+                        q.unlink()
+                removed += 1
+            finally:
+                os.close(fd)
+    return removed
+
+
+def verify(db: Db, layout: Layout, space: Space, *, quarantine: bool, workers: int) -> VerifyReport:
+    """Re-hash every blob. Corrupt blobs move to ``quarantine/``; snapshots that use them
+    are removed (pointers first) so the next pull fetches them again."""
+    t0 = time.monotonic()
+    cleaned = clean_tmp(layout, partial_max_age=86400.0, work_max_age=600.0) if quarantine else 0
+    with db.read() as tx:
+        blobs = tx.blob_sizes()
+        infos = tx.infos()
+    for p in layout.blobs.glob("??/*"):
+        blobs.setdefault(p.name, p.stat().st_size)
+
+    def check(digest: str) -> tuple[str, str | None]:
+        actual = hash_file(layout.blob(digest))
+        if actual is None:
+            return digest, "missing"
+        return digest, None if actual == digest else actual
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = list(pool.map(check, sorted(blobs)))
+    corrupt = tuple((d, a) for d, a in results if a is not None)
+    bad = {d for d, _ in corrupt}
+    affected = [s.digest for s in infos if s.blobs & bad]
+    missing = tuple(s.digest for s in infos if not layout.snapshot(s.digest).is_dir())
+    removed: list[str] = []
+    if quarantine and (bad or missing):
+        with db.write() as tx:
+            for d in sorted(set(affected) | set(missing)):
+                space.drop_snapshot(tx, d)
+                removed.append(d)
+            for d, actual in corrupt:
+                tx.drop_blob(d)
+                src = layout.blob(d)
+                if actual != "missing" and src.exists():
+                    os.replace(src, layout.quarantine / f"{d}.{int(time.time())}")
+    return VerifyReport(
+        checked=len(blobs),
+        bytes=sum(blobs.values()),
+        corrupt=corrupt,
+        removed_snapshots=tuple(removed),
+        missing_snapshots=missing,
+        seconds=time.monotonic() - t0,
+        cleaned_tmp=cleaned,
+    )
