@@ -20,7 +20,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from preheat.artifacts.manifest import Manifest
+from preheat.errors import CacheError
 from preheat.store.evict import SnapshotInfo
+
+# PRAGMA user_version of the schema below. 0: before identity keys (revisions keyed by the
+# revision string alone; blobs without the stat recorded at publish); 2: now.
+VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -40,15 +45,22 @@ CREATE TABLE IF NOT EXISTS snapshot_blobs (
 );
 CREATE INDEX IF NOT EXISTS snapshot_blobs_blob ON snapshot_blobs(blob);
 CREATE TABLE IF NOT EXISTS revisions (
-    revision TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    revision TEXT NOT NULL,
     digest TEXT NOT NULL,
+    label TEXT,
     ref TEXT NOT NULL,
-    resolved REAL NOT NULL
+    endpoint TEXT,
+    resolved REAL NOT NULL,
+    PRIMARY KEY (source, revision)
 );
+CREATE INDEX IF NOT EXISTS revisions_revision ON revisions(revision);
 CREATE TABLE IF NOT EXISTS blobs (
     digest TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
-    added REAL NOT NULL
+    added REAL NOT NULL,
+    mtime_ns INTEGER,
+    ctime_ns INTEGER
 );
 CREATE TABLE IF NOT EXISTS leases (
     digest TEXT NOT NULL,
@@ -81,13 +93,40 @@ class Tx:
 
     # --- revisions and refs ---------------------------------------------------------------
 
-    def digest_for_revision(self, revision: str) -> str | None:
+    def lookup(self, source: str, revision: str) -> tuple[str, str] | None:
+        """(digest, manifest JSON) of the snapshot that (source, revision) resolved to."""
         row = self.con.execute(
-            "SELECT r.digest FROM revisions r JOIN snapshots s ON s.digest = r.digest "
-            "WHERE r.revision=?",
-            (revision,),
+            "SELECT r.digest, s.manifest FROM revisions r JOIN snapshots s ON s.digest=r.digest "
+            "WHERE r.source=? AND r.revision=?",
+            (source, revision),
         ).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def record_revision(
+        self,
+        source: str,
+        revision: str,
+        digest: str,
+        *,
+        label: str | None,
+        ref: str,
+        endpoint: str | None,
+    ) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO revisions(source, revision, digest, label, ref, endpoint, "
+            "resolved) VALUES (?,?,?,?,?,?,?)",
+            (source, revision, digest, label, ref, endpoint, time.time()),
+        )
+
+    def origins(self, digest: str) -> list[tuple[str, str | None]]:
+        """(ref, endpoint) of every resolution to this snapshot, most recent first."""
+        return [
+            (str(r), None if e is None else str(e))
+            for r, e in self.con.execute(
+                "SELECT ref, endpoint FROM revisions WHERE digest=? ORDER BY resolved DESC",
+                (digest,),
+            )
+        ]
 
     def require(self, key: str) -> str | None:
         """The snapshot digest for a manifest digest, revision or unique digest prefix."""
@@ -95,7 +134,7 @@ class Tx:
         if row is None:
             row = self.con.execute(
                 "SELECT r.digest FROM revisions r JOIN snapshots s ON s.digest=r.digest "
-                "WHERE r.revision=?",
+                "WHERE r.revision=? ORDER BY r.resolved DESC LIMIT 1",
                 (key,),
             ).fetchone()
         if row is None and len(key) >= 8:
@@ -146,12 +185,7 @@ class Tx:
     # --- snapshots ------------------------------------------------------------------------
 
     def commit_snapshot(
-        self,
-        ref: str,
-        revision: str,
-        manifest: Manifest,
-        digest: str,
-        fingerprints: Mapping[str, str],
+        self, manifest: Manifest, digest: str, fingerprints: Mapping[str, str]
     ) -> None:
         now = time.time()
         self.con.execute(
@@ -173,10 +207,6 @@ class Tx:
                 "INSERT OR IGNORE INTO fingerprints(fingerprint, digest) VALUES (?,?)",
                 (fingerprints[f.path], f.sha256),
             )
-        self.con.execute(
-            "INSERT OR REPLACE INTO revisions(revision, digest, ref, resolved) VALUES (?,?,?,?)",
-            (revision, digest, ref, now),
-        )
 
     def touch(self, digest: str) -> None:
         self.con.execute("UPDATE snapshots SET last_use=? WHERE digest=?", (time.time(), digest))
@@ -220,12 +250,16 @@ class Tx:
             blobs.setdefault(s, set()).add(b)
         revs: dict[str, list[str]] = {}
         refs: dict[str, list[str]] = {}
-        for rev, d, ref in self.con.execute(
-            "SELECT revision, digest, ref FROM revisions ORDER BY resolved"
+        labels: dict[str, list[str]] = {}
+        for rev, d, ref, label in self.con.execute(
+            "SELECT revision, digest, ref, label FROM revisions ORDER BY resolved"
         ):
-            revs.setdefault(d, []).append(rev)
+            if rev not in revs.setdefault(d, []):
+                revs[d].append(rev)
             if ref not in refs.setdefault(d, []):
                 refs[d].append(ref)
+            if label and label not in labels.setdefault(d, []):
+                labels[d].append(label)
         out = []
         for d, size, files, created, last_use, pinned, priority in self.con.execute(
             "SELECT digest, size, files, created, last_use, pinned, priority FROM snapshots"
@@ -243,6 +277,7 @@ class Tx:
                     blobs=frozenset(blobs.get(d, ())),
                     revisions=tuple(revs.get(d, ())),
                     refs=tuple(refs.get(d, ())),
+                    labels=tuple(labels.get(d, ())),
                 )
             )
         return out
@@ -315,6 +350,40 @@ class Tx:
         return {str(r[0]) for r in self.con.execute("SELECT blob FROM reservation_blobs")}
 
 
+def _migrate_from_0(con: sqlite3.Connection, tables: set[str]) -> None:
+    """Version 0 keyed revisions by the revision string alone: re-key each row by its
+    ref's source identity (an S3 row's endpoint was not recorded: the default one), and
+    give blobs the stat columns (unknown: the next lease re-hashes them once)."""
+    if "revisions" in tables:
+        from preheat.artifacts.refs import parse_ref
+        from preheat.sources.base import source_identity
+
+        rows = con.execute("SELECT revision, digest, ref, resolved FROM revisions").fetchall()
+        con.execute("DROP TABLE revisions")
+        _create(con)
+        for revision, digest, ref, resolved in rows:
+            try:
+                source = source_identity(parse_ref(ref))
+            except ValueError:
+                source = str(ref)
+            con.execute(
+                "INSERT OR REPLACE INTO revisions(source, revision, digest, label, ref, "
+                "endpoint, resolved) VALUES (?,?,?,NULL,?,NULL,?)",
+                (source, revision, digest, ref, resolved),
+            )
+    if "blobs" in tables:
+        cols = {r[1] for r in con.execute("PRAGMA table_info(blobs)")}
+        for col in ("mtime_ns", "ctime_ns"):
+            if col not in cols:
+                con.execute(f"ALTER TABLE blobs ADD COLUMN {col} INTEGER")
+
+
+def _create(con: sqlite3.Connection) -> None:
+    for stmt in SCHEMA.split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+
+
 class Db:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -325,12 +394,36 @@ class Db:
                 with self.connect() as con:
                     if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                         con.execute("PRAGMA journal_mode=WAL")
-                    con.executescript(SCHEMA)
+                    self._upgrade(con)
                 return
             except sqlite3.OperationalError as exc:
                 if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == 49:
                     raise
                 time.sleep(0.02 * (attempt + 1))
+
+    def _upgrade(self, con: sqlite3.Connection) -> None:
+        """Create the schema, or migrate an older one in place (one transaction)."""
+        if con.execute("PRAGMA user_version").fetchone()[0] == VERSION:
+            return
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(con.execute("PRAGMA user_version").fetchone()[0])
+            if version > VERSION:
+                raise CacheError(
+                    f"{self.path} has schema version {version}, newer than this preheat "
+                    f"understands ({VERSION}); upgrade preheat, or use another --store"
+                )
+            tables = {
+                str(r[0]) for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            if version < VERSION and tables:
+                _migrate_from_0(con, tables)
+            _create(con)
+            con.execute(f"PRAGMA user_version={VERSION}")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:

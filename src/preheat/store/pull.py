@@ -25,7 +25,7 @@ from typing import Any
 from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
 from preheat.errors import ConfigError, RevisionChanged
-from preheat.sources.base import Location, Resolution, open_source
+from preheat.sources.base import Location, Resolution, open_source, source_identity
 from preheat.store.db import Db
 from preheat.store.fill import (
     FillContext,
@@ -104,20 +104,35 @@ class Puller:
                     f"{ref} now resolves to revision {res.revision}, not {revision}; "
                     "nothing was fetched (apply the spec again to move to the new revision)"
                 )
-            return await self._pull_resolved(r, res, source, t0, opts)
+            return await self._pull_resolved(r, res, source, t0, opts, endpoint_url)
         finally:
             await source.aclose()
 
     async def _pull_resolved(
-        self, ref: ArtifactRef, res: Resolution, source: Any, t0: float, opts: PullOptions
+        self,
+        ref: ArtifactRef,
+        res: Resolution,
+        source: Any,
+        t0: float,
+        opts: PullOptions,
+        endpoint_url: str | None,
     ) -> PullResult:
         progress = opts.progress
         total = res.manifest.total_size
-        known = self.digest_for_revision(res.revision)
+        source_id = source_identity(ref, endpoint_url)
+        known = self.known_snapshot(source_id, res)
         if known is not None:
             with self.db.write() as tx:
                 tx.touch(known)
-            self.record_ref(ref, res.revision, known)
+                tx.record_revision(
+                    source_id,
+                    res.revision,
+                    known,
+                    label=res.label,
+                    ref=ref.text,
+                    endpoint=endpoint_url,
+                )
+            self.record_ref(ref, res, known)
             if progress is not None:
                 progress(total, total)
             return PullResult(
@@ -148,8 +163,16 @@ class Puller:
         self._publish_snapshot(manifest, digest)
         fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
         with self.db.write() as tx:
-            tx.commit_snapshot(ref.text, res.revision, manifest, digest, fingerprints)
-        self.record_ref(ref, res.revision, digest)
+            tx.commit_snapshot(manifest, digest, fingerprints)
+            tx.record_revision(
+                source_id,
+                res.revision,
+                digest,
+                label=res.label,
+                ref=ref.text,
+                endpoint=endpoint_url,
+            )
+        self.record_ref(ref, res, digest)
         if progress is not None:
             progress(total, total)
         return PullResult(
@@ -257,12 +280,29 @@ class Puller:
                     out[path] = digest
         return out
 
-    def digest_for_revision(self, revision: str) -> str | None:
+    def known_snapshot(self, source_id: str, res: Resolution) -> str | None:
+        """The snapshot this resolution names, when the store holds it.
+
+        A hit needs the same (source identity, revision) *and* a manifest that agrees
+        with the resolved one: the same digest when the origin lists every sha256, else
+        the same paths and sizes and every sha256 the origin does list."""
         with self.db.read() as tx:
-            digest = tx.digest_for_revision(revision)
-        if digest is None or not self.layout.snapshot(digest).is_dir():
+            row = tx.lookup(source_id, res.revision)
+        if row is None:
             return None
-        return digest
+        digest, text = row
+        if not self.layout.snapshot(digest).is_dir():
+            return None
+        if res.manifest.complete:
+            return digest if res.manifest.digest == digest else None
+        stored = {f.path: f for f in Manifest.from_json(text).files}
+        for f in res.manifest.files:
+            have = stored.pop(f.path, None)
+            if have is None or have.size != f.size:
+                return None
+            if f.sha256 is not None and f.sha256 != have.sha256:
+                return None
+        return None if stored else digest
 
     def _publish_snapshot(self, manifest: Manifest, digest: str) -> None:
         final = self.layout.snapshot(digest)
@@ -287,12 +327,13 @@ class Puller:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
 
-    def record_ref(self, ref: ArtifactRef, revision: str, digest: str) -> None:
+    def record_ref(self, ref: ArtifactRef, res: Resolution, digest: str) -> None:
         d = self.layout.refs / ref.key
         d.mkdir(parents=True, exist_ok=True)
         entry = {
             "ref": ref.text,
-            "revision": revision,
+            "revision": res.revision,
+            "label": res.label,
             "manifest_digest": digest,
             "resolved": time.time(),
         }

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from preheat.artifacts.manifest import Manifest
 from preheat.errors import CacheError, ConfigError, SnapshotInUse, SnapshotNotFound
-from preheat.sources.base import open_source
+from preheat.sources.base import open_source, source_identity
 from preheat.store.db import Db, Tx
 from preheat.store.evict import EvictionPlan, SnapshotInfo, eviction_order
 from preheat.store.fill import DEFAULT_CHUNK
@@ -174,7 +174,7 @@ class NodeStore:
                 res = await src.resolve()
             finally:
                 await src.aclose()
-            known = self._puller.digest_for_revision(res.revision)
+            known = self._puller.known_snapshot(source_identity(res.ref, endpoint_url), res)
             if known is not None:
                 with self._db.read() as tx:
                     text = tx.manifest_json(known)
