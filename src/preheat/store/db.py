@@ -21,6 +21,7 @@ from pathlib import Path
 
 from preheat.artifacts.manifest import Manifest
 from preheat.errors import CacheError
+from preheat.sources.base import Resolution
 from preheat.store.evict import SnapshotInfo
 
 # PRAGMA user_version of the schema below. 0: before identity keys (revisions keyed by the
@@ -103,19 +104,13 @@ class Tx:
         return None if row is None else (str(row[0]), str(row[1]))
 
     def record_revision(
-        self,
-        source: str,
-        revision: str,
-        digest: str,
-        *,
-        label: str | None,
-        ref: str,
-        endpoint: str | None,
+        self, source: str, res: Resolution, digest: str, *, endpoint: str | None
     ) -> None:
+        """Remember that (source, ``res.revision``) names snapshot ``digest``."""
         self.con.execute(
             "INSERT OR REPLACE INTO revisions(source, revision, digest, label, ref, endpoint, "
             "resolved) VALUES (?,?,?,?,?,?,?)",
-            (source, revision, digest, label, ref, endpoint, time.time()),
+            (source, res.revision, digest, res.label, res.ref.text, endpoint, time.time()),
         )
 
     def origins(self, digest: str) -> list[tuple[str, str | None]]:
@@ -341,6 +336,14 @@ class Tx:
             "INSERT INTO reservation_blobs(reservation, blob) VALUES (?,?)",
             [(rid, b) for b in blobs],
         )
+
+    def protect_blob(self, rid: str, digest: str, size: int) -> None:
+        """``digest`` is now on disk for reservation ``rid``: protect it and stop counting
+        its bytes as reserved (they are counted as used)."""
+        self.con.execute(
+            "INSERT INTO reservation_blobs(reservation, blob) VALUES (?,?)", (rid, digest)
+        )
+        self.con.execute("UPDATE reservations SET bytes=max(0, bytes-?) WHERE id=?", (size, rid))
 
     def drop_reservation(self, rid: str) -> None:
         self.con.execute("DELETE FROM reservations WHERE id=?", (rid,))

@@ -24,7 +24,7 @@ from typing import Any
 
 from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
-from preheat.errors import ConfigError, RevisionChanged
+from preheat.errors import CacheError, ConfigError, RevisionChanged
 from preheat.sources.base import Location, Resolution, open_source, source_identity
 from preheat.store.db import Db
 from preheat.store.fill import (
@@ -39,7 +39,7 @@ from preheat.store.fill import (
 )
 from preheat.store.layout import Layout
 from preheat.store.results import PullResult
-from preheat.store.space import Space
+from preheat.store.space import Reservation, Space
 
 # progress(done_bytes, total_bytes), called from the pull's event loop about 5 times a second.
 Progress = Callable[[int, int], None]
@@ -124,54 +124,46 @@ class Puller:
         if known is not None:
             with self.db.write() as tx:
                 tx.touch(known)
-                tx.record_revision(
-                    source_id,
-                    res.revision,
-                    known,
-                    label=res.label,
-                    ref=ref.text,
-                    endpoint=endpoint_url,
-                )
+                tx.record_revision(source_id, res, known, endpoint=endpoint_url)
             self.record_ref(ref, res, known)
             if progress is not None:
                 progress(total, total)
             return PullResult(
                 self.layout.snapshot(known), res.revision, known, 0, total, time.monotonic() - t0
             )
-        manifest = res.manifest.with_digests(self.known_fingerprints(res))
-        wants: dict[str, _Want] = {}
-        present: set[str] = set()
-        for f in manifest.files:
-            if f.sha256 is not None and self.layout.blob(f.sha256).exists():
-                present.add(f.sha256)
-                continue
-            loc = res.locations[f.path]
-            key = f.sha256 or hashlib.sha256(loc.fingerprint.encode()).hexdigest()
-            wants.setdefault(key, _Want(key, f.size, f.sha256, loc)).paths.append(f.path)
-        need = sum(w.size for w in wants.values())
-        reservation = self.space.reserve(ref.text, need, present)
+        for _attempt in range(3):
+            manifest, wants, present = self._plan(res)
+            need = sum(w.size for w in wants.values())
+            reservation: Reservation | None = self.space.reserve(ref.text, need, present)
+            if all(self.layout.blob(d).exists() for d in present):
+                break
+            # another process evicted a blob between our look and our reservation
+            self.space.release(reservation)
+        else:
+            raise CacheError(
+                f"cannot pull {ref.display}: blobs it shares with other snapshots keep being "
+                "evicted by other processes; retry when the store is less busy"
+            )
         stats = FillStats(total=total)
         stats.reused = total - sum(w.size * len(w.paths) for w in wants.values())
-        digests: dict[str, str] = {}
         try:
+            digests: dict[str, str] = {}
             if wants:
-                digests = await self._fill(wants, source, stats, opts)
+                assert reservation is not None
+                digests = await self._fill(wants, source, stats, opts, reservation)
+            manifest = manifest.with_digests(digests)
+            digest = manifest.digest
+            self._publish_snapshot(manifest, digest)
+            fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
+            with self.db.write() as tx:
+                tx.commit_snapshot(manifest, digest, fingerprints)
+                tx.record_revision(source_id, res, digest, endpoint=endpoint_url)
+                assert reservation is not None
+                tx.drop_reservation(reservation.id)
+            self.space.release(reservation, dropped=True)
+            reservation = None
         finally:
-            self.space.release(reservation)
-        manifest = manifest.with_digests(digests)
-        digest = manifest.digest
-        self._publish_snapshot(manifest, digest)
-        fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
-        with self.db.write() as tx:
-            tx.commit_snapshot(manifest, digest, fingerprints)
-            tx.record_revision(
-                source_id,
-                res.revision,
-                digest,
-                label=res.label,
-                ref=ref.text,
-                endpoint=endpoint_url,
-            )
+            self.space.release(reservation)  # failed: the blobs it fetched stay, unprotected
         self.record_ref(ref, res, digest)
         if progress is not None:
             progress(total, total)
@@ -185,8 +177,27 @@ class Puller:
             bytes_resumed=stats.resumed,
         )
 
+    def _plan(self, res: Resolution) -> tuple[Manifest, dict[str, _Want], set[str]]:
+        """(manifest with known digests, blobs to fetch by key, blobs already present)."""
+        manifest = res.manifest.with_digests(self.known_fingerprints(res))
+        wants: dict[str, _Want] = {}
+        present: set[str] = set()
+        for f in manifest.files:
+            if f.sha256 is not None and self.layout.blob(f.sha256).exists():
+                present.add(f.sha256)
+                continue
+            loc = res.locations[f.path]
+            key = f.sha256 or hashlib.sha256(loc.fingerprint.encode()).hexdigest()
+            wants.setdefault(key, _Want(key, f.size, f.sha256, loc)).paths.append(f.path)
+        return manifest, wants, present
+
     async def _fill(
-        self, wants: dict[str, _Want], source: Any, stats: FillStats, opts: PullOptions
+        self,
+        wants: dict[str, _Want],
+        source: Any,
+        stats: FillStats,
+        opts: PullOptions,
+        reservation: Reservation,
     ) -> dict[str, str]:
         """Fetch every wanted blob; returns manifest path -> sha256 for each."""
         progress = opts.progress
@@ -210,15 +221,20 @@ class Puller:
             async with files:
                 lock = await lock_file(self.layout.tmp / f"{w.key}.lock")
                 try:
-                    digest = self._already_there(w)
+                    digest = self._already_there(w, reservation)
                     if digest is not None:
                         stats.reused += w.size * len(w.paths)
                     else:
                         digest = await fetch_blob(
                             ctx, w.paths[0], w.location, w.size, w.expected, w.key, seq
                         )
-                        with self.db.write() as tx:
-                            tx.record_blob(digest, w.size, w.location.fingerprint)
+                        if not self.space.protect(
+                            reservation, digest, w.size, w.location.fingerprint
+                        ):
+                            raise CacheError(
+                                f"blob {digest[:16]} of {w.paths[0]!r} vanished right after "
+                                "it was published; the store is being changed by hand?"
+                            )
                 finally:
                     unlock_file(lock)
             for p in w.paths:
@@ -253,15 +269,20 @@ class Puller:
             executor.shutdown(wait=False)
         return out
 
-    def _already_there(self, w: _Want) -> str | None:
-        """The digest if another puller published this blob while we waited for its lock."""
-        if w.expected is not None:
-            return w.expected if self.layout.blob(w.expected).exists() else None
-        with self.db.read() as tx:
-            digest = tx.fingerprint_digest(w.location.fingerprint)
-        if digest is not None and self.layout.blob(digest).exists():
-            return digest
-        return None
+    def _already_there(self, w: _Want, reservation: Reservation) -> str | None:
+        """The digest if another puller published this blob while we waited for its lock
+        (now protected by our reservation too)."""
+        digest = w.expected
+        if digest is None:
+            with self.db.read() as tx:
+                digest = tx.fingerprint_digest(w.location.fingerprint)
+        if digest is None or not self.layout.blob(digest).exists():
+            return None
+        return (
+            digest
+            if self.space.protect(reservation, digest, w.size, w.location.fingerprint)
+            else None
+        )
 
     def known_fingerprints(self, res: Resolution) -> dict[str, str]:
         """path -> sha256 for files without a digest whose fingerprint was hashed before."""

@@ -11,10 +11,13 @@ and blobs last.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 from preheat.config import format_size
 from preheat.errors import InsufficientSpace
@@ -24,14 +27,50 @@ from preheat.store.layout import Layout
 from preheat.store.results import Usage
 
 
-def _pid_alive(pid: int) -> bool:
+@dataclass
+class Reservation:
+    """Bytes and blobs one fill holds until its snapshot is committed.
+
+    The owner holds an exclusive ``flock`` on ``tmp/reservation-<id>.lock`` for as long as
+    the reservation lives; a reservation whose lock nobody holds belongs to a process that
+    died and is dropped. (A PID would not do: a store on a hostPath is shared by processes
+    in different PID namespaces, and PIDs are reused.)"""
+
+    id: str
+    lock: Path
+    fd: int
+
+
+def _owner_gone(lock: Path) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
         return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the lock we may have taken
     return True
+
+
+def _refusal(ref: str, need: int, u: Usage, evictable: int) -> InsufficientSpace:
+    cap = (
+        f"capacity {format_size(u.capacity)} x high watermark {u.high_watermark:.0%}"
+        if u.capacity
+        else "no capacity set"
+    )
+    err = InsufficientSpace(
+        f"cannot pull {ref}: it needs {format_size(need)} ({need} bytes) but only "
+        f"{format_size(u.free)} is free ({cap}; {format_size(u.used)} used, "
+        f"{format_size(u.reserved)} reserved by fills in flight, "
+        f"{format_size(u.disk_free)} free on disk), and evicting every "
+        f"unpinned, unleased snapshot frees only {format_size(evictable)}. "
+        "Raise --capacity, unpin or release snapshots, or free disk space."
+    )
+    err.need, err.free, err.evictable = need, u.free, evictable
+    return err
 
 
 class Space:
@@ -61,47 +100,57 @@ class Space:
         with self.db.read() as tx:
             return plan_eviction(tx.infos(), tx.blob_sizes(), free_bytes, tx.protected_blobs())
 
-    def reserve(self, ref: str, need: int, present: Iterable[str]) -> str | None:
+    def reserve(self, ref: str, need: int, present: Iterable[str]) -> Reservation:
         """Reserve ``need`` bytes, evicting by plan if needed; refuse with the numbers if even
         evicting everything evictable would not make room. Blobs in ``present`` are
-        protected from that eviction (this pull links them)."""
+        protected from every eviction (this pull links them) until ``release``."""
         rid = uuid.uuid4().hex
         keep = set(present)
-        with self.db.write() as tx:
-            for r, pid in tx.reservations():
-                if not _pid_alive(pid):
-                    tx.drop_reservation(r)
-            u = self.usage_in(tx)
-            if need > u.free:
-                protected = keep | tx.protected_blobs()
-                plan = plan_eviction(tx.infos(), tx.blob_sizes(), need - u.free, protected)
-                if not plan.enough:
-                    cap = (
-                        f"capacity {format_size(u.capacity)} x high watermark {u.high_watermark:.0%}"
-                        if u.capacity
-                        else "no capacity set"
-                    )
-                    err = InsufficientSpace(
-                        f"cannot pull {ref}: it needs {format_size(need)} ({need} bytes) but only "
-                        f"{format_size(u.free)} is free ({cap}; {format_size(u.used)} used, "
-                        f"{format_size(u.reserved)} reserved by fills in flight, "
-                        f"{format_size(u.disk_free)} free on disk), and evicting every "
-                        f"unpinned, unleased snapshot frees only {format_size(plan.frees)}. "
-                        "Raise --capacity, unpin or release snapshots, or free disk space."
-                    )
-                    err.need, err.free, err.evictable = need, u.free, plan.frees
-                    raise err
-                self.execute_in(tx, plan)
-            if need or keep:
+        lock = self.layout.tmp / f"reservation-{rid}.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with self.db.write() as tx:
+                for r, _pid in tx.reservations():
+                    path = self.layout.tmp / f"reservation-{r}.lock"
+                    if _owner_gone(path):
+                        tx.drop_reservation(r)
+                        with contextlib.suppress(FileNotFoundError):
+                            path.unlink()
+                u = self.usage_in(tx)
+                if need > u.free:
+                    protected = keep | tx.protected_blobs()
+                    plan = plan_eviction(tx.infos(), tx.blob_sizes(), need - u.free, protected)
+                    if not plan.enough:
+                        raise _refusal(ref, need, u, plan.frees)
+                    self.execute_in(tx, plan)
                 tx.add_reservation(rid, need, os.getpid(), keep)
-                return rid
-        return None
+        except BaseException:
+            os.close(fd)
+            lock.unlink()
+            raise
+        return Reservation(rid, lock, fd)
 
-    def release(self, rid: str | None) -> None:
-        if rid is None:
-            return
+    def protect(self, res: Reservation, digest: str, size: int, fingerprint: str) -> bool:
+        """Record a blob this fill has (fetched or found) under its reservation: protected
+        from eviction, its bytes now counted as used instead of reserved. False when the
+        blob file is not there (evicted before it could be protected)."""
         with self.db.write() as tx:
-            tx.drop_reservation(rid)
+            tx.record_blob(digest, size, fingerprint)
+            tx.protect_blob(res.id, digest, size)
+        return self.layout.blob(digest).exists()
+
+    def release(self, res: Reservation | None, *, dropped: bool = False) -> None:
+        """Drop the reservation (``dropped``: the caller's transaction already did, with
+        the snapshot commit), then its lock."""
+        if res is None:
+            return
+        if not dropped:
+            with self.db.write() as tx:
+                tx.drop_reservation(res.id)
+        with contextlib.suppress(FileNotFoundError):
+            res.lock.unlink()
+        os.close(res.fd)
 
     def execute(self, plan: EvictionPlan) -> EvictionPlan:
         with self.db.write() as tx:
