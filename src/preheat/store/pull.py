@@ -117,54 +117,38 @@ class Puller:
         opts: PullOptions,
         endpoint_url: str | None,
     ) -> PullResult:
+        """Every blocking step (sqlite with its busy wait, eviction, links, fsyncs) runs in
+        a thread: the loop is shared with the fleet's controller and other warm-ups."""
         progress = opts.progress
         total = res.manifest.total_size
         source_id = source_identity(ref, endpoint_url)
-        known = self.known_snapshot(source_id, res)
+        known = await asyncio.to_thread(self._hit, ref, res, source_id, endpoint_url)
         if known is not None:
-            with self.db.write() as tx:
-                tx.touch(known)
-                tx.record_revision(source_id, res, known, endpoint=endpoint_url)
-            self.record_ref(ref, res, known)
             if progress is not None:
                 progress(total, total)
             return PullResult(
                 self.layout.snapshot(known), res.revision, known, 0, total, time.monotonic() - t0
             )
-        for _attempt in range(3):
-            manifest, wants, present = self._plan(res)
-            need = sum(w.size for w in wants.values())
-            reservation: Reservation | None = self.space.reserve(ref.text, need, present)
-            if all(self.layout.blob(d).exists() for d in present):
-                break
-            # another process evicted a blob between our look and our reservation
-            self.space.release(reservation)
-        else:
-            raise CacheError(
-                f"cannot pull {ref.display}: blobs it shares with other snapshots keep being "
-                "evicted by other processes; retry when the store is less busy"
-            )
+        manifest, wants, reservation = await asyncio.to_thread(self._prepare, ref, res)
         stats = FillStats(total=total)
         stats.reused = total - sum(w.size * len(w.paths) for w in wants.values())
         try:
             digests: dict[str, str] = {}
             if wants:
-                assert reservation is not None
                 digests = await self._fill(wants, source, stats, opts, reservation)
-            manifest = manifest.with_digests(digests)
-            digest = manifest.digest
-            self._publish_snapshot(manifest, digest)
-            fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
-            with self.db.write() as tx:
-                tx.commit_snapshot(manifest, digest, fingerprints)
-                tx.record_revision(source_id, res, digest, endpoint=endpoint_url)
-                assert reservation is not None
-                tx.drop_reservation(reservation.id)
-            self.space.release(reservation, dropped=True)
-            reservation = None
-        finally:
-            self.space.release(reservation)  # failed: the blobs it fetched stay, unprotected
-        self.record_ref(ref, res, digest)
+            digest = await asyncio.to_thread(
+                self._finish,
+                ref,
+                res,
+                manifest.with_digests(digests),
+                source_id,
+                endpoint_url,
+                reservation,
+            )
+        except BaseException:
+            # the blobs it fetched stay (unprotected) for a later pull to reuse
+            await asyncio.shield(asyncio.to_thread(self.space.release, reservation))
+            raise
         if progress is not None:
             progress(total, total)
         return PullResult(
@@ -176,6 +160,56 @@ class Puller:
             seconds=time.monotonic() - t0,
             bytes_resumed=stats.resumed,
         )
+
+    def _hit(
+        self, ref: ArtifactRef, res: Resolution, source_id: str, endpoint_url: str | None
+    ) -> str | None:
+        """The snapshot digest when the store already holds this resolution (recorded)."""
+        known = self.known_snapshot(source_id, res)
+        if known is not None:
+            with self.db.write() as tx:
+                tx.touch(known)
+                tx.record_revision(source_id, res, known, endpoint=endpoint_url)
+            self.record_ref(ref, res, known)
+        return known
+
+    def _prepare(
+        self, ref: ArtifactRef, res: Resolution
+    ) -> tuple[Manifest, dict[str, _Want], Reservation]:
+        """Plan the fill and reserve its space (evicting if it must)."""
+        for _attempt in range(3):
+            manifest, wants, present = self._plan(res)
+            need = sum(w.size for w in wants.values())
+            reservation = self.space.reserve(ref.text, need, present)
+            if all(self.layout.blob(d).exists() for d in present):
+                return manifest, wants, reservation
+            # another process evicted a blob between our look and our reservation
+            self.space.release(reservation)
+        raise CacheError(
+            f"cannot pull {ref.display}: blobs it shares with other snapshots keep being "
+            "evicted by other processes; retry when the store is less busy"
+        )
+
+    def _finish(
+        self,
+        ref: ArtifactRef,
+        res: Resolution,
+        manifest: Manifest,
+        source_id: str,
+        endpoint_url: str | None,
+        reservation: Reservation,
+    ) -> str:
+        """Link the snapshot, commit it and drop the reservation in one transaction."""
+        digest = manifest.digest
+        self._publish_snapshot(manifest, digest)
+        fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
+        with self.db.write() as tx:
+            tx.commit_snapshot(manifest, digest, fingerprints)
+            tx.record_revision(source_id, res, digest, endpoint=endpoint_url)
+            tx.drop_reservation(reservation.id)
+        self.space.release(reservation, dropped=True)
+        self.record_ref(ref, res, digest)
+        return digest
 
     def _plan(self, res: Resolution) -> tuple[Manifest, dict[str, _Want], set[str]]:
         """(manifest with known digests, blobs to fetch by key, blobs already present)."""
@@ -221,15 +255,15 @@ class Puller:
             async with files:
                 lock = await lock_file(self.layout.tmp / f"{w.key}.lock")
                 try:
-                    digest = self._already_there(w, reservation)
+                    digest = await asyncio.to_thread(self._already_there, w, reservation)
                     if digest is not None:
                         stats.reused += w.size * len(w.paths)
                     else:
                         digest = await fetch_blob(
                             ctx, w.paths[0], w.location, w.size, w.expected, w.key, seq
                         )
-                        if not self.space.protect(
-                            reservation, digest, w.size, w.location.fingerprint
+                        if not await asyncio.to_thread(
+                            self.space.protect, reservation, digest, w.size, w.location.fingerprint
                         ):
                             raise CacheError(
                                 f"blob {digest[:16]} of {w.paths[0]!r} vanished right after "

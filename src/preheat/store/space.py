@@ -55,6 +55,12 @@ def _owner_gone(lock: Path) -> bool:
     return True
 
 
+def empty_trash(trash: list[Path]) -> None:
+    """Delete snapshot directories an eviction renamed away (after its commit)."""
+    for d in trash:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _refusal(ref: str, need: int, u: Usage, evictable: int) -> InsufficientSpace:
     cap = (
         f"capacity {format_size(u.capacity)} x high watermark {u.high_watermark:.0%}"
@@ -107,6 +113,7 @@ class Space:
         rid = uuid.uuid4().hex
         keep = set(present)
         lock = self.layout.tmp / f"reservation-{rid}.lock"
+        trash: list[Path] = []
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -123,12 +130,14 @@ class Space:
                     plan = plan_eviction(tx.infos(), tx.blob_sizes(), need - u.free, protected)
                     if not plan.enough:
                         raise _refusal(ref, need, u, plan.frees)
-                    self.execute_in(tx, plan)
+                    self.execute_in(tx, plan, trash)
                 tx.add_reservation(rid, need, os.getpid(), keep)
         except BaseException:
             os.close(fd)
             lock.unlink()
             raise
+        finally:
+            empty_trash(trash)
         return Reservation(rid, lock, fd)
 
     def protect(self, res: Reservation, digest: str, size: int, fingerprint: str) -> bool:
@@ -153,16 +162,22 @@ class Space:
         os.close(res.fd)
 
     def execute(self, plan: EvictionPlan) -> EvictionPlan:
-        with self.db.write() as tx:
-            return self.execute_in(tx, plan)
+        trash: list[Path] = []
+        try:
+            with self.db.write() as tx:
+                return self.execute_in(tx, plan, trash)
+        finally:
+            empty_trash(trash)
 
-    def execute_in(self, tx: Tx, plan: EvictionPlan) -> EvictionPlan:
+    def execute_in(self, tx: Tx, plan: EvictionPlan, trash: list[Path]) -> EvictionPlan:
+        """Carry out ``plan`` in ``tx``; snapshot directories are renamed into ``trash``
+        (the caller removes them after the commit, outside the write lock)."""
         done_snaps: list[str] = []
         for d in plan.snapshots:
             pinned = tx.pinned(d)
             if pinned is None or pinned or tx.leased(d):
                 continue
-            self.drop_snapshot(tx, d)
+            self.drop_snapshot(tx, d, trash)
             done_snaps.append(d)
         protected = tx.protected_blobs()
         done_blobs: list[str] = []
@@ -176,15 +191,16 @@ class Space:
             frees += size or 0
         return EvictionPlan(plan.need, tuple(done_snaps), tuple(done_blobs), frees)
 
-    def drop_snapshot(self, tx: Tx, digest: str) -> None:
-        """Pointers first: the DB rows, then the snapshot directory (renamed away first so
-        it vanishes atomically)."""
+    def drop_snapshot(self, tx: Tx, digest: str, trash: list[Path]) -> None:
+        """Pointers first: the DB rows, then the snapshot directory, renamed into
+        ``tmp/trash-*`` so it vanishes atomically (``empty_trash`` deletes it later; a
+        crash before that leaves it to ``clean_tmp``)."""
         tx.drop_snapshot(digest)
         path = self.layout.snapshot(digest)
         if path.exists():
-            trash = self.layout.tmp / f"trash-{digest[:16]}-{uuid.uuid4().hex[:8]}"
-            os.rename(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            dest = self.layout.tmp / f"trash-{digest[:16]}-{uuid.uuid4().hex[:8]}"
+            os.rename(path, dest)
+            trash.append(dest)
 
     def drop_blob(self, tx: Tx, digest: str) -> None:
         tx.drop_blob(digest)

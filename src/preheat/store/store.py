@@ -23,7 +23,7 @@ from preheat.store.fill import DEFAULT_CHUNK
 from preheat.store.layout import Layout
 from preheat.store.pull import Progress, Puller, PullOptions
 from preheat.store.results import PullResult, Usage, VerifyReport
-from preheat.store.space import Space
+from preheat.store.space import Space, empty_trash
 from preheat.store.verify import clean_tmp, verify
 
 __all__ = ["NodeStore", "Progress", "PullResult", "Usage", "VerifyReport"]
@@ -140,6 +140,13 @@ class NodeStore:
 
     def delete(self, manifest_digest: str) -> EvictionPlan:
         """Remove one snapshot and the blobs only it used; refuses a leased snapshot."""
+        trash: list[Path] = []
+        try:
+            return self._delete(manifest_digest, trash)
+        finally:
+            empty_trash(trash)
+
+    def _delete(self, manifest_digest: str, trash: list[Path]) -> EvictionPlan:
         with self._db.write() as tx:
             d = self._require(tx, manifest_digest)
             holders = tx.holders(d)
@@ -151,7 +158,7 @@ class NodeStore:
             blobs = tx.snapshot_blobs(manifest_digest)
             tx.set_flag(manifest_digest, "pinned", 0)
             plan = EvictionPlan(0, (manifest_digest,), tuple(sorted(set(blobs))), 0)
-            return self._space.execute_in(tx, plan)
+            return self._space.execute_in(tx, plan, trash)
 
     # --- metadata -----------------------------------------------------------------------
 

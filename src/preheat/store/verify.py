@@ -9,11 +9,12 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from preheat.store.db import Db
 from preheat.store.layout import Layout
 from preheat.store.results import VerifyReport
-from preheat.store.space import Space
+from preheat.store.space import Space, empty_trash
 
 
 def hash_file(path: os.PathLike[str] | str) -> str | None:
@@ -38,7 +39,11 @@ def clean_tmp(layout: Layout, *, partial_max_age: float, work_max_age: float) ->
             age = now - p.lstat().st_mtime
         except FileNotFoundError:
             continue
-        if p.is_dir() and p.name.startswith(("snap-", "trash-")) and age > work_max_age:
+        if p.suffix == ".new" and age > work_max_age:  # a range list a crash left
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            removed += 1
+        elif p.is_dir() and p.name.startswith(("snap-", "trash-")) and age > work_max_age:
             shutil.rmtree(p, ignore_errors=True)
             removed += 1
         elif p.suffix == ".part" and age > partial_max_age:
@@ -82,16 +87,18 @@ def verify(db: Db, layout: Layout, space: Space, *, quarantine: bool, workers: i
     affected = [s.digest for s in infos if s.blobs & bad]
     missing = tuple(s.digest for s in infos if not layout.snapshot(s.digest).is_dir())
     removed: list[str] = []
+    trash: list[Path] = []
     if quarantine and (bad or missing):
         with db.write() as tx:
             for d in sorted(set(affected) | set(missing)):
-                space.drop_snapshot(tx, d)
+                space.drop_snapshot(tx, d, trash)
                 removed.append(d)
             for d, actual in corrupt:
                 tx.drop_blob(d)
                 src = layout.blob(d)
                 if actual != "missing" and src.exists():
                     os.replace(src, layout.quarantine / f"{d}.{int(time.time())}")
+    empty_trash(trash)
     return VerifyReport(
         checked=len(blobs),
         bytes=sum(blobs.values()),
