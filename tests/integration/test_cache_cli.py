@@ -152,5 +152,6 @@ def test_verify_and_rm_refuses_leased(tmp_path: Path, origin: tuple[Path, HttpOr
         f.write(b"corrupt!")
     bad = run("cache", "verify", "--store", str(store), ok=False)
     assert bad.returncode == 1 and f"CORRUPT blob {blob.name}" in bad.stdout
-    assert run("cache", "ls", "--store", str(store), "--json").stdout.count("manifest_digest") == 0
+    assert f"repaired blob {blob.name}" in bad.stdout  # fetched again from the origin
+    assert run("cache", "ls", "--store", str(store), "--json").stdout.count("manifest_digest") == 1
     run("cache", "rm", "0" * 64, "--store", str(store), ok=False)

@@ -173,6 +173,35 @@ class Tx:
             is not None
         )
 
+    def snapshots_with_blob(self, digest: str) -> list[str]:
+        return [
+            str(s)
+            for (s,) in self.con.execute(
+                "SELECT snapshot FROM snapshot_blobs WHERE blob=? ORDER BY snapshot", (digest,)
+            )
+        ]
+
+    def blob_stat(self, digest: str) -> tuple[int, int, int] | None:
+        """(size, mtime_ns, ctime_ns) recorded when the store last linked the blob."""
+        row = self.con.execute(
+            "SELECT size, mtime_ns, ctime_ns FROM blobs WHERE digest=?", (digest,)
+        ).fetchone()
+        if row is None or row[1] is None or row[2] is None:
+            return None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def set_blob_stat(self, digest: str, size: int, mtime_ns: int, ctime_ns: int) -> None:
+        self.con.execute(
+            "INSERT INTO blobs(digest, size, added, mtime_ns, ctime_ns) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(digest) DO UPDATE SET mtime_ns=excluded.mtime_ns, "
+            "ctime_ns=excluded.ctime_ns",
+            (digest, size, time.time(), mtime_ns, ctime_ns),
+        )
+
+    def drop_revisions(self, digest: str) -> None:
+        """Forget every resolution to this snapshot (the next pull of its refs misses)."""
+        self.con.execute("DELETE FROM revisions WHERE digest=?", (digest,))
+
     def drop_blob(self, digest: str) -> None:
         self.con.execute("DELETE FROM blobs WHERE digest=?", (digest,))
         self.con.execute("DELETE FROM fingerprints WHERE digest=?", (digest,))

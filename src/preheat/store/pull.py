@@ -38,6 +38,7 @@ from preheat.store.fill import (
     unlock_file,
 )
 from preheat.store.layout import Layout
+from preheat.store.repair import relink, stat_of
 from preheat.store.results import PullResult
 from preheat.store.space import Reservation, Space
 
@@ -141,6 +142,7 @@ class Puller:
                 ref,
                 res,
                 manifest.with_digests(digests),
+                set(digests.values()),
                 source_id,
                 endpoint_url,
                 reservation,
@@ -195,16 +197,25 @@ class Puller:
         ref: ArtifactRef,
         res: Resolution,
         manifest: Manifest,
+        fresh: set[str],
         source_id: str,
         endpoint_url: str | None,
         reservation: Reservation,
     ) -> str:
         """Link the snapshot, commit it and drop the reservation in one transaction."""
         digest = manifest.digest
+        blobs = {f.sha256 for f in manifest.files if f.sha256 is not None}
+        before = {b: stat_of(self.layout.blob(b)) for b in blobs}
         self._publish_snapshot(manifest, digest)
         fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
         with self.db.write() as tx:
             tx.commit_snapshot(manifest, digest, fingerprints)
+            for b in blobs:
+                # linking moved the blob's ctime: record the new stat when the blob is one
+                # this fill verified, or was unchanged since the store last recorded it
+                after = stat_of(self.layout.blob(b))
+                if after is not None and (b in fresh or before[b] == tx.blob_stat(b)):
+                    tx.set_blob_stat(b, *after)
             tx.record_revision(source_id, res, digest, endpoint=endpoint_url)
             tx.drop_reservation(reservation.id)
         self.space.release(reservation, dropped=True)
@@ -362,6 +373,10 @@ class Puller:
     def _publish_snapshot(self, manifest: Manifest, digest: str) -> None:
         final = self.layout.snapshot(digest)
         if final.is_dir():
+            # already there; re-link any path that no longer is its blob (a snapshot kept
+            # for its leases after verify quarantined a blob it could not repair)
+            for d in {f.sha256 for f in manifest.files if f.sha256 is not None}:
+                relink(self.layout, digest, manifest, d)
             return
         work = self.layout.tmp / f"snap-{digest[:16]}-{uuid.uuid4().hex[:8]}"
         work.mkdir()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from preheat.store.repair import Repair
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,13 @@ class VerifyReport:
     missing_snapshots: tuple[str, ...]
     seconds: float
     cleaned_tmp: int = 0
+    repairs: tuple[Repair, ...] = ()  # what became of each corrupt blob a snapshot uses
 
     @property
     def ok(self) -> bool:
+        """False when anything was corrupt or missing (even if it was repaired)."""
         return not self.corrupt and not self.missing_snapshots
+
+    @property
+    def unrepaired(self) -> tuple[Repair, ...]:
+        return tuple(r for r in self.repairs if not r.repaired)

@@ -22,6 +22,7 @@ from preheat.store.evict import EvictionPlan, SnapshotInfo, eviction_order
 from preheat.store.fill import DEFAULT_CHUNK
 from preheat.store.layout import Layout
 from preheat.store.pull import Progress, Puller, PullOptions
+from preheat.store.repair import check_snapshot
 from preheat.store.results import PullResult, Usage, VerifyReport
 from preheat.store.space import Space, empty_trash
 from preheat.store.verify import clean_tmp, verify
@@ -217,11 +218,19 @@ class NodeStore:
         return eviction_order(self.snapshots())
 
     def lease(self, manifest_digest: str, holder: str) -> None:
-        """Mark a snapshot as in use by ``holder`` (survives restarts; never evicted)."""
+        """Mark a snapshot as in use by ``holder`` (survives restarts; never evicted).
+
+        First every blob is checked against the size, mtime and ctime recorded when the
+        store linked it; one that changed (a replica wrote into its snapshot) is re-hashed
+        and, if its bytes changed, fetched again from the origin, so one replica cannot
+        poison the next. Raises ``CacheError`` when that is impossible."""
         if not holder:
             raise ConfigError("lease holder must be a non-empty name, e.g. 'replica-3'")
+        with self._db.read() as tx:
+            digest = self._require(tx, manifest_digest)
+        check_snapshot(self._db, self.layout, digest)  # a replica may have written into it
         with self._db.write() as tx:
-            tx.add_lease(self._require(tx, manifest_digest), holder, time.time())
+            tx.add_lease(self._require(tx, digest), holder, time.time())
 
     def release(self, manifest_digest: str, holder: str) -> bool:
         """Drop ``holder``'s lease; returns whether it held one."""

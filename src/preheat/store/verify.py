@@ -13,6 +13,7 @@ from pathlib import Path
 
 from preheat.store.db import Db
 from preheat.store.layout import Layout
+from preheat.store.repair import Repair, repair_blob
 from preheat.store.results import VerifyReport
 from preheat.store.space import Space, empty_trash
 
@@ -64,8 +65,10 @@ def clean_tmp(layout: Layout, *, partial_max_age: float, work_max_age: float) ->
 
 
 def verify(db: Db, layout: Layout, space: Space, *, quarantine: bool, workers: int) -> VerifyReport:
-    """Re-hash every blob. Corrupt blobs move to ``quarantine/``; snapshots that use them
-    are removed (pointers first) so the next pull fetches them again."""
+    """Re-hash every blob. A corrupt (or missing) blob is fetched again from an origin
+    recorded for its snapshots and re-linked into them (``store.repair``); one that cannot
+    be repaired stays in ``quarantine/``: unleased snapshots using it are removed (pointers
+    first), leased ones keep their leases and are reported with their holders."""
     t0 = time.monotonic()
     cleaned = clean_tmp(layout, partial_max_age=86400.0, work_max_age=600.0) if quarantine else 0
     with db.read() as tx:
@@ -83,21 +86,32 @@ def verify(db: Db, layout: Layout, space: Space, *, quarantine: bool, workers: i
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = list(pool.map(check, sorted(blobs)))
     corrupt = tuple((d, a) for d, a in results if a is not None)
-    bad = {d for d, _ in corrupt}
-    affected = [s.digest for s in infos if s.blobs & bad]
     missing = tuple(s.digest for s in infos if not layout.snapshot(s.digest).is_dir())
     removed: list[str] = []
+    repairs: list[Repair] = []
     trash: list[Path] = []
-    if quarantine and (bad or missing):
+    if quarantine:
+        used = {b for s in infos for b in s.blobs}
+        for d, _actual in corrupt:
+            if d in used:
+                repairs.append(repair_blob(db, layout, d))
+            else:  # nothing links it: just drop it
+                with db.write() as tx:
+                    tx.drop_blob(d)
+                src = layout.blob(d)
+                if src.exists():
+                    os.replace(src, layout.quarantine / f"{d}.{time.time_ns()}")
+        broken = {s for r in repairs if not r.repaired for s in r.snapshots}
         with db.write() as tx:
-            for d in sorted(set(affected) | set(missing)):
+            for r in repairs:
+                if not r.repaired:
+                    tx.drop_blob(r.digest)
+            for d in sorted(broken | set(missing)):
+                if tx.leased(d) and d not in missing:
+                    tx.drop_revisions(d)  # kept for its replicas; the next pull re-links it
+                    continue
                 space.drop_snapshot(tx, d, trash)
                 removed.append(d)
-            for d, actual in corrupt:
-                tx.drop_blob(d)
-                src = layout.blob(d)
-                if actual != "missing" and src.exists():
-                    os.replace(src, layout.quarantine / f"{d}.{int(time.time())}")
     empty_trash(trash)
     return VerifyReport(
         checked=len(blobs),
@@ -107,4 +121,5 @@ def verify(db: Db, layout: Layout, space: Space, *, quarantine: bool, workers: i
         missing_snapshots=missing,
         seconds=time.monotonic() - t0,
         cleaned_tmp=cleaned,
+        repairs=tuple(repairs),
     )
