@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
+import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from typing import Any
 
 from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
-from preheat.errors import CacheError, ConfigError, RevisionChanged
+from preheat.errors import CacheError, ConfigError, InsufficientSpace, RevisionChanged
 from preheat.sources.base import Location, Resolution, open_source, source_identity
 from preheat.store.db import Db
 from preheat.store.fill import (
@@ -44,6 +47,31 @@ from preheat.store.space import Reservation, Space
 
 # progress(done_bytes, total_bytes), called from the pull's event loop about 5 times a second.
 Progress = Callable[[int, int], None]
+
+
+PAUSE_ENV = "PREHEAT_TEST_PAUSE_AT"
+
+
+def _pause(phase: str) -> None:
+    """Test hook for the fault suite: with ``PREHEAT_TEST_PAUSE_AT=<phase>`` in the
+    environment the pull says ``paused at <phase>`` on stderr and sleeps 60 s there, so a
+    test can SIGKILL it in exactly that phase. Phases: ``download`` (first blob published,
+    others in flight), ``verify`` (every blob verified, no snapshot yet), ``publish``
+    (snapshot linked in tmp/, not renamed), ``commit`` (snapshot visible, no DB row)."""
+    if os.environ.get(PAUSE_ENV) == phase:
+        print(f"paused at {phase}", file=sys.stderr, flush=True)
+        time.sleep(60)
+
+
+def _disk_full(exc: BaseException) -> bool:
+    leaves = [exc]
+    while leaves:
+        e = leaves.pop()
+        if isinstance(e, BaseExceptionGroup):
+            leaves.extend(e.exceptions)
+        elif (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "disk is full" in str(e):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,29 @@ class _Want:
     expected: str | None
     location: Location
     paths: list[str] = field(default_factory=list)
+
+
+def _one_error(eg: BaseExceptionGroup[BaseException], files: dict[int, str]) -> BaseException:
+    """The first failure, its message listing every file that failed and why (callers
+    keep catching the first failure's type; ``.failures`` holds (path, error) pairs)."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for x in e.exceptions:
+                walk(x)
+        else:
+            leaves.append(e)
+
+    walk(eg)
+    errors = [e for e in leaves if not isinstance(e, asyncio.CancelledError)] or leaves
+    first = errors[0]
+    pairs = [(files.get(id(e), "?"), e) for e in errors]
+    if len(errors) > 1:
+        listed = "; ".join(f"{p!r}: {type(e).__name__}: {e}" for p, e in pairs)
+        first.args = (f"{len(errors)} files failed: {listed}",)
+    first.failures = pairs  # type: ignore[attr-defined]
+    return first
 
 
 class Puller:
@@ -147,9 +198,17 @@ class Puller:
                 endpoint_url,
                 reservation,
             )
-        except BaseException:
+        except BaseException as exc:
             # the blobs it fetched stay (unprotected) for a later pull to reuse
-            await asyncio.shield(asyncio.to_thread(self.space.release, reservation))
+            with contextlib.suppress(sqlite3.Error, OSError):  # a full disk may refuse it
+                await asyncio.shield(asyncio.to_thread(self.space.release, reservation))
+            if _disk_full(exc):
+                raise InsufficientSpace(
+                    f"the disk under {self.layout.root} filled up while pulling {ref.display} "
+                    f"(something else wrote to it after the space check: {exc}); the store "
+                    "is consistent: nothing of this pull was published, verified blobs and "
+                    "partial downloads in tmp/ are reused when the pull runs again"
+                ) from exc
             raise
         if progress is not None:
             progress(total, total)
@@ -203,10 +262,12 @@ class Puller:
         reservation: Reservation,
     ) -> str:
         """Link the snapshot, commit it and drop the reservation in one transaction."""
+        _pause("verify")
         digest = manifest.digest
         blobs = {f.sha256 for f in manifest.files if f.sha256 is not None}
         before = {b: stat_of(self.layout.blob(b)) for b in blobs}
         self._publish_snapshot(manifest, digest)
+        _pause("commit")
         fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
         with self.db.write() as tx:
             tx.commit_snapshot(manifest, digest, fingerprints)
@@ -262,7 +323,20 @@ class Puller:
         files = asyncio.Semaphore(4)  # files hashed at once (one thread each)
         out: dict[str, str] = {}
 
+        failures: dict[int, str] = {}  # id(exception) -> the file it failed
+
+        errors: list[Exception] = []
+
         async def one(w: _Want, seq: int) -> None:
+            # a failed file does not cancel the others: every failure is reported, and
+            # what the others fetch is kept for the next pull
+            try:
+                await fetch(w, seq)
+            except Exception as exc:
+                failures[id(exc)] = w.paths[0]
+                errors.append(exc)
+
+        async def fetch(w: _Want, seq: int) -> None:
             async with files:
                 lock = await lock_file(self.layout.tmp / f"{w.key}.lock")
                 try:
@@ -275,7 +349,7 @@ class Puller:
                         )
                         if not await asyncio.to_thread(
                             self.space.protect, reservation, digest, w.size, w.location.fingerprint
-                        ):
+                        ):  # protected: a pause at "download" may keep it there
                             raise CacheError(
                                 f"blob {digest[:16]} of {w.paths[0]!r} vanished right after "
                                 "it was published; the store is being changed by hand?"
@@ -284,6 +358,8 @@ class Puller:
                     unlock_file(lock)
             for p in w.paths:
                 out[p] = digest
+            if len(out) < sum(len(x.paths) for x in wants.values()):
+                await asyncio.to_thread(_pause, "download")
 
         async def report() -> None:
             assert progress is not None
@@ -297,15 +373,14 @@ class Puller:
                 # biggest first keeps every connection busy to the end
                 for seq, w in enumerate(sorted(wants.values(), key=lambda w: -w.size)):
                     tg.create_task(one(w, seq))
+            if errors:
+                raise BaseExceptionGroup("fill failed", errors)
             if ctx.dirty_dirs:
                 await asyncio.get_running_loop().run_in_executor(
                     executor, fsync_dirs, ctx.dirty_dirs
                 )
         except BaseExceptionGroup as eg:
-            first: BaseException = eg
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first from None
+            raise _one_error(eg, failures) from None
         finally:
             if reporter is not None:
                 reporter.cancel()
@@ -386,6 +461,7 @@ class Puller:
                 dest = self.layout.inside(work, f.path)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.link(self.layout.blob(f.sha256), dest)
+            _pause("publish")
             try:
                 os.rename(work, final)
             except OSError:

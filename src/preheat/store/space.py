@@ -154,12 +154,16 @@ class Space:
         the snapshot commit), then its lock."""
         if res is None:
             return
-        if not dropped:
-            with self.db.write() as tx:
-                tx.drop_reservation(res.id)
-        with contextlib.suppress(FileNotFoundError):
-            res.lock.unlink()
-        os.close(res.fd)
+        try:
+            if not dropped:
+                with self.db.write() as tx:
+                    tx.drop_reservation(res.id)
+        finally:
+            # even when the row could not be dropped (a full disk): with its lock gone
+            # the next reservation drops it
+            with contextlib.suppress(FileNotFoundError):
+                res.lock.unlink()
+            os.close(res.fd)
 
     def execute(self, plan: EvictionPlan) -> EvictionPlan:
         trash: list[Path] = []
