@@ -66,6 +66,7 @@ def test_pull_json_ls_pin_evict(tmp_path: Path, origin: tuple[Path, HttpOrigin])
     assert Path(b_snap).is_dir() and "fetched" in plain.stderr
     listing = json.loads(run("cache", "ls", "--store", store, "--json").stdout)
     digests = {s["manifest_digest"] for s in listing["snapshots"]}
+    assert all(s["labels"] == [] for s in listing["snapshots"])  # no declared revision
     assert digests == {a["manifest_digest"], Path(b_snap).name}
     assert listing["eviction_order"][0] == a["manifest_digest"]  # least recently used first
     table = run("cache", "ls", "--store", store).stdout

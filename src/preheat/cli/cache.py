@@ -205,6 +205,7 @@ def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: b
                             "manifest_digest": s.digest,
                             "path": str(store.layout.snapshot(s.digest)),
                             "revisions": list(s.revisions),
+                            "labels": list(s.labels),
                             "refs": list(s.refs),
                             "size": s.size,
                             "files": s.files,
