@@ -163,7 +163,7 @@ def main() -> None:
                 ms(a.routed_p99),
                 ms(a.added_p50),
                 ms(a.added_p99),
-                ms(a.percentile_difference_p99),
+                ms(a.p99_gap),
                 str(failed),
             )
         console.print(table)

@@ -66,6 +66,7 @@ def test_pull_json_ls_pin_evict(tmp_path: Path, origin: tuple[Path, HttpOrigin])
     assert Path(b_snap).is_dir() and "fetched" in plain.stderr
     listing = json.loads(run("cache", "ls", "--store", store, "--json").stdout)
     digests = {s["manifest_digest"] for s in listing["snapshots"]}
+    assert all(s["labels"] == [] for s in listing["snapshots"])  # no declared revision
     assert digests == {a["manifest_digest"], Path(b_snap).name}
     assert listing["eviction_order"][0] == a["manifest_digest"]  # least recently used first
     table = run("cache", "ls", "--store", store).stdout
@@ -152,5 +153,6 @@ def test_verify_and_rm_refuses_leased(tmp_path: Path, origin: tuple[Path, HttpOr
         f.write(b"corrupt!")
     bad = run("cache", "verify", "--store", str(store), ok=False)
     assert bad.returncode == 1 and f"CORRUPT blob {blob.name}" in bad.stdout
-    assert run("cache", "ls", "--store", str(store), "--json").stdout.count("manifest_digest") == 0
+    assert f"repaired blob {blob.name}" in bad.stdout  # fetched again from the origin
+    assert run("cache", "ls", "--store", str(store), "--json").stdout.count("manifest_digest") == 1
     run("cache", "rm", "0" * 64, "--store", str(store), ok=False)

@@ -271,10 +271,10 @@ def test_truncated_body(tmp_path: Path, origin_root: Path) -> None:
     assert snaps == [] and rows == []
 
 
-def test_verify_quarantines_corrupt_blob_and_repull_repairs(
+def test_verify_quarantines_corrupt_blob_and_refetches_it(
     tmp_path: Path, nginx: HttpOrigin
 ) -> None:
-    """verify finds a flipped byte, quarantines the blob, drops the snapshot; pull restores it."""
+    """verify finds a flipped byte, quarantines the bad file and fetches the blob again."""
     store = _store(tmp_path)
     url = nginx.url("m/preheat-manifest.json")
     r = store.pull(url)
@@ -288,10 +288,9 @@ def test_verify_quarantines_corrupt_blob_and_repull_repairs(
         f.write(bytes([b[0] ^ 1]))
     rep = store.verify()
     assert not rep.ok and rep.corrupt[0][0] == blob.name
-    assert rep.removed_snapshots == (r.manifest_digest,)
-    assert list(store.layout.quarantine.iterdir()) and not blob.exists()
-    again = store.pull(url)
-    assert again.bytes_fetched == blob.stat().st_size if blob.exists() else again.bytes_fetched > 0
+    assert rep.removed_snapshots == () and rep.repairs[0].repaired
+    assert list(store.layout.quarantine.iterdir()) and blob.exists()
+    assert store.pull(url).bytes_fetched == 0 and store.has(r.manifest_digest)
     assert store.verify().ok
 
 

@@ -151,3 +151,18 @@ def test_bad_refs(text: str, match: str) -> None:
     """Bad refs fail with a message that names the value and shows the valid forms."""
     with pytest.raises(ConfigError, match=match):
         parse_ref(text)
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("a" * 256, "a" * 40),
+        ("ok/" + "é" * 128 + "/x", "é" * 40),
+        ("d/" * 2048 + "x", "4097 bytes"),
+    ],
+)
+def test_names_too_long_for_a_filesystem_are_refused(path: str, named: str) -> None:
+    """A component over 255 bytes (UTF-8) or a path over 4095 bytes is UnsafePath naming it."""
+    with pytest.raises(UnsafePath, match=named):
+        Manifest.from_dict({"files": [{"path": path, "size": 1}]})
+    FileEntry("b" * 255, 1)  # exactly 255 bytes is fine

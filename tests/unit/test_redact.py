@@ -38,3 +38,10 @@ def test_ref_key_and_display_carry_no_secret() -> None:
         assert "topsecret" not in r.key and "qqq" not in r.key and "other" not in r.key
         assert "topsecret" not in r.display and "qqq" not in r.display
     assert a.key != b.key
+
+
+def test_presigned_manifest_url_is_still_a_manifest() -> None:
+    """A manifest URL with a signature in its query string is read as a manifest."""
+    r = parse_ref("https://h.example/m/preheat-manifest.json?X-Amz-Signature=abc")
+    assert r.is_manifest_url
+    assert not parse_ref("https://h.example/m/model.bin?name=preheat-manifest.json").is_manifest_url

@@ -28,7 +28,8 @@ def check_relpath(path: str) -> str:
     """Return ``path`` if it is a safe relative path inside a snapshot, else raise UnsafePath.
 
     Rejects absolute paths, ``..`` and ``.`` components, empty components, backslashes,
-    NUL and control characters, so every path derived from a manifest stays in the root.
+    NUL and control characters, so every path derived from a manifest stays in the root;
+    and names a filesystem cannot hold (a component over 255 bytes, a path over 4095).
     """
     if not isinstance(path, str) or not path:
         raise UnsafePath(f"manifest path {path!r} is empty")
@@ -36,8 +37,17 @@ def check_relpath(path: str) -> str:
         raise UnsafePath(f"manifest path {path!r} is absolute; paths must be relative")
     if "\\" in path or any(ord(c) < 32 for c in path):
         raise UnsafePath(f"manifest path {path!r} contains a backslash or control character")
+    if len(path.encode()) > 4095:
+        raise UnsafePath(
+            f"manifest path {path[:60]!r}... is {len(path.encode())} bytes; the limit is 4095"
+        )
     parts = path.split("/")
     for part in parts:
+        if len(part.encode()) > 255:
+            raise UnsafePath(
+                f"manifest path {path!r}: component {part[:40]!r}... is "
+                f"{len(part.encode())} bytes; file names are limited to 255 bytes"
+            )
         if part in ("", ".", ".."):
             raise UnsafePath(
                 f"manifest path {path!r} has a {part or 'empty'!r} component; "

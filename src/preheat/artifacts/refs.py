@@ -93,7 +93,9 @@ class ArtifactRef:
 
     @property
     def is_manifest_url(self) -> bool:
-        return self.scheme in ("http", "https") and self.location.rsplit("/", 1)[-1].endswith(
+        # the name of the path, not of a query string (a presigned manifest URL ends in one)
+        path = re.split(r"[?#]", self.location, maxsplit=1)[0]
+        return self.scheme in ("http", "https") and path.rsplit("/", 1)[-1].endswith(
             MANIFEST_NAME
         )
 

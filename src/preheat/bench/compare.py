@@ -76,7 +76,7 @@ class AddedLatency:
     """p99 of the per-request differences (>= added_p50 by construction)."""
 
     @property
-    def percentile_difference_p99(self) -> float:
+    def p99_gap(self) -> float:
         """routed p99 - direct p99: a difference of percentiles, not an added latency."""
         return self.routed_p99 - self.direct_p99
 

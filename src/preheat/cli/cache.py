@@ -205,6 +205,7 @@ def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: b
                             "manifest_digest": s.digest,
                             "path": str(store.layout.snapshot(s.digest)),
                             "revisions": list(s.revisions),
+                            "labels": list(s.labels),
                             "refs": list(s.refs),
                             "size": s.size,
                             "files": s.files,
@@ -263,8 +264,10 @@ def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: b
 def verify(
     store_dir: Path, capacity: str | None, high_watermark: float, no_quarantine: bool, as_json: bool
 ) -> None:
-    """Re-hash every blob; quarantine corrupt ones and drop the snapshots using them.
+    """Re-hash every blob; fetch corrupt ones again from their origin and re-link them.
 
+    A blob that cannot be fetched again goes to quarantine/: snapshots using it are
+    dropped unless a replica leases them (those are kept, with their holders shown).
     Exits 1 when anything was corrupt or missing, so it can run as a health check.
     """
     with _errors():
@@ -280,6 +283,17 @@ def verify(
                     "corrupt": [{"digest": d, "actual": a} for d, a in rep.corrupt],
                     "removed_snapshots": list(rep.removed_snapshots),
                     "missing_snapshots": list(rep.missing_snapshots),
+                    "repairs": [
+                        {
+                            "digest": r.digest,
+                            "repaired": r.repaired,
+                            "origin": r.origin,
+                            "snapshots": list(r.snapshots),
+                            "lease_holders": list(r.holders),
+                            "reason": r.reason,
+                        }
+                        for r in rep.repairs
+                    ],
                     "seconds": round(rep.seconds, 3),
                 }
             )
@@ -288,6 +302,15 @@ def verify(
         click.echo(f"checked {rep.checked} blobs ({format_size(rep.bytes)}) in {rep.seconds:.2f} s")
         for d, a in rep.corrupt:
             click.echo(f"CORRUPT blob {d}: content hashes to {a}")
+        for r in rep.repairs:
+            leased = f"; leased by {', '.join(r.holders)}" if r.holders else ""
+            if r.repaired:
+                click.echo(f"repaired blob {r.digest}: fetched again from {r.origin}{leased}")
+            else:
+                click.echo(
+                    f"UNREPAIRED blob {r.digest} (in quarantine/): {r.reason}{leased}"
+                    + ("; leased snapshots kept, pull again to re-link them" if leased else "")
+                )
         for d in rep.removed_snapshots:
             click.echo(f"removed snapshot {d} (uses a corrupt or missing blob); pull it again")
     if not rep.ok:

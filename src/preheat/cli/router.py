@@ -13,6 +13,11 @@ from pathlib import Path
 import click
 
 from preheat.errors import ConfigError
+from preheat.router.policies import POLICIES
+from preheat.router.policies.base import PolicyParams
+
+#: Option defaults come from the policy's own parameters (one source of truth).
+_P = PolicyParams()
 
 
 @click.group()
@@ -32,7 +37,7 @@ def router() -> None:
 )
 @click.option(
     "--strategy",
-    type=click.Choice(["random", "least_outstanding", "prefix_aware"]),
+    type=click.Choice(sorted(POLICIES)),
     default="random",
     show_default=True,
     help="Routing strategy of the single variant built from --backend.",
@@ -40,35 +45,35 @@ def router() -> None:
 @click.option(
     "--prefix-length",
     type=int,
-    default=8192,
+    default=_P.prefix_length,
     show_default=True,
     help="prefix_aware: characters of canonical prompt in the key (1024-65536).",
 )
 @click.option(
     "--concurrency-threshold",
     type=int,
-    default=64,
+    default=_P.concurrency_threshold,
     show_default=True,
     help="prefix_aware: in-flight requests at which an instance takes no more (1-1024).",
 )
 @click.option(
     "--balance-epsilon",
     type=float,
-    default=0.1,
+    default=_P.balance_epsilon,
     show_default=True,
     help="prefix_aware: skip an instance above (1+eps) x mean in-flight.",
 )
 @click.option(
     "--load-weight",
     type=float,
-    default=1.0,
+    default=_P.load_weight,
     show_default=True,
     help="prefix_aware: how strongly excess load offsets a cached prefix (0 = hits only).",
 )
 @click.option(
     "--placement",
     type=click.Choice(["learned", "hash", "hybrid"]),
-    default="learned",
+    default=_P.placement,
     show_default=True,
     help="prefix_aware: learned (load-aware, best hit rate and balance), hash "
     "(stateless rendezvous; replicas agree whatever order they see requests in) or "

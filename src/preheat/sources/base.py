@@ -52,10 +52,27 @@ class Location:
 
 @dataclass(frozen=True)
 class Resolution:
+    """What a ref names now.
+
+    ``revision`` is derived from what proves identity (the manifest digest, S3 version
+    ids, ETag + size + mtime, inode + size + mtime + ctime), never from a name the origin
+    or the user chose; such a name (a manifest's ``"revision": "main"``) is kept as
+    ``label``, for display only.
+    """
+
     ref: ArtifactRef
     revision: str
     manifest: Manifest
     locations: Mapping[str, Location]
+    label: str | None = None
+
+
+def source_identity(ref: ArtifactRef, endpoint_url: str | None = None) -> str:
+    """Which origin a resolution came from: the ref, plus the S3 endpoint it was read
+    through. The store keys every resolution by (source identity, revision)."""
+    if ref.scheme == "s3":
+        return f"{ref.text} @ {endpoint_url or 'aws'}"
+    return ref.text
 
 
 class Source(Protocol):

@@ -1,7 +1,8 @@
 """``file:///dir``: a directory tree (or a single file) on this machine.
 
-The revision is a digest over (relative path, size, mtime, inode) of every file; sha256
-is computed while copying. Symbolic links anywhere in the tree are refused.
+The revision is a digest over (relative path, inode, size, mtime_ns, ctime_ns) of every
+file, so a file rewritten in place is a new revision even when its mtime was restored;
+sha256 is computed while copying. Symbolic links anywhere in the tree are refused.
 
 Every range opens its file with ``O_NOFOLLOW`` (a link swapped in is refused) and
 compares the descriptor's (st_ino, st_size, st_mtime_ns) with what ``resolve`` saw, before
@@ -73,10 +74,13 @@ class FileSource:
             raise ObjectNotFound(f"{self.ref.text}: the directory {root} holds no files")
         entries, locations, parts = [], {}, []
         for rel, s in files:
-            fp = f"file\0{root / rel}\0{s.st_size}\0{s.st_mtime_ns}\0{s.st_ino}"
+            # ctime too: rewriting a file in place and restoring its mtime (cp -p, rsync -t,
+            # utime) keeps inode, size and mtime, but the kernel moves ctime forward
+            ident = (str(s.st_ino), str(s.st_size), str(s.st_mtime_ns), str(s.st_ctime_ns))
+            fp = "\0".join(("file", str(root / rel), *ident))
             entries.append(FileEntry(rel, s.st_size, None))
             locations[rel] = Location(str(root / rel), fp, stat=_identity(s))
-            parts.append((rel, str(s.st_size), str(s.st_mtime_ns), str(s.st_ino)))
+            parts.append((rel, *ident))
         return Resolution(
             ref=self.ref,
             revision=revision_from_parts("file", parts),

@@ -1,7 +1,7 @@
 """``http(s)://``: a ``preheat-manifest.json`` naming files relative to it, or one file.
 
-With a manifest, the revision is the manifest's ``revision`` field or, when absent, its
-digest (so the revision changes exactly when some file's bytes do). A single file URL
+With a manifest, the revision is the manifest's digest (so it changes exactly when some
+file's bytes do); a ``revision`` field in the manifest is only a label. A single file URL
 resolves through HEAD: the revision is derived from URL, ETag, Last-Modified and size, and
 the sha256 is computed while fetching. Byte ranges use ``Range: bytes=a-b`` over a pooled
 aiohttp session with ``connections`` keep-alive connections, or the zero-copy splice pool.
@@ -188,13 +188,16 @@ class HttpSource:
         import json
 
         declared = json.loads(body).get("revision")
-        revision = str(declared) if declared else f"sha256:{manifest.digest}"
+        # the declared name is a label: two models may both say "main", and an origin may
+        # change its files under an unchanged name; the digest of the listed bytes may not
+        revision = f"sha256:{manifest.digest}"
         base = url.rsplit("/", 1)[0]
         locations = {
             f.path: Location(url=f"{base}/{_quote(f.path)}", fingerprint=f"sha256\0{f.sha256}")
             for f in manifest.files
         }
-        return Resolution(self.ref, revision, manifest, locations)
+        label = str(declared) if declared else None
+        return Resolution(self.ref, revision, manifest, locations, label=label)
 
     async def _resolve_file(self) -> Resolution:
         url = self.ref.location

@@ -3,7 +3,7 @@
 Resolution lists the prefix and HEADs each object (``ChecksumMode=ENABLED``):
 
 - revision: from object version ids when the bucket is versioned, else a digest over
-  (key, ETag, size) of every object;
+  (key, ETag, LastModified, size) of every object;
 - sha256: the object's ``ChecksumSHA256`` when it is a whole-object checksum, otherwise
   unknown until the fill hashes the bytes while fetching.
 
@@ -107,10 +107,13 @@ class S3Source:
                 sha = base64.b64decode(checksum).hex()
             version = head.get("VersionId") if versioned else None
             etag = str(head.get("ETag", "")).strip('"')
-            fp = f"s3\0{self._endpoint}\0{self._bucket}\0{key}\0{version or etag}\0{size}"
+            # unversioned: ETag + size + LastModified (a multipart ETag is not a content hash)
+            modified = "" if versioned else str(head.get("LastModified", ""))
+            ident = version or f"{etag}\0{modified}"
+            fp = f"s3\0{self._endpoint}\0{self._bucket}\0{key}\0{ident}\0{size}"
             entries.append(FileEntry(rel, int(size), sha))
             locations[rel] = Location(key, fp, version=version, etag=head.get("ETag") or None)
-            parts.append((key, version or etag, str(size)))
+            parts.append((key, ident, str(size)))
         revision = revision_from_parts("s3-version" if versioned else "s3-etag", parts)
         return Resolution(self.ref, revision, Manifest(tuple(entries)), locations)
 

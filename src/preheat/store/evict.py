@@ -37,6 +37,7 @@ class SnapshotInfo:
     blobs: frozenset[str]
     revisions: tuple[str, ...] = ()
     refs: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # names the origin declared ("main"): display only
 
     @property
     def leased(self) -> bool:

@@ -260,7 +260,9 @@ def _load_state(path: Path, size: int, chunk: int, fingerprint: str) -> set[int]
 
 
 def _save_state(path: Path, size: int, chunk: int, fingerprint: str, done: set[int]) -> None:
-    tmp = path.with_name(path.name + ".new")
+    # unique per call: ranges finish in threads at once (an older list winning only means
+    # a resume fetches a range again)
+    tmp = path.with_name(f"{path.name}.{threading.get_ident()}.new")
     tmp.write_text(
         json.dumps({"size": size, "chunk": chunk, "fp": fingerprint, "done": sorted(done)})
     )
@@ -377,10 +379,15 @@ async def _fetch_blob(
     finally:
         if fd >= 0:
             os.close(fd)
-    publish_file(ctx.layout, part, actual, ctx.dirty_dirs if ctx.fsync else None)
+    # a rename and an unlink wait on the filesystem journal: not on the event loop
+    await loop.run_in_executor(ctx.executor, _publish_part, ctx, part, state, actual)
+    return actual
+
+
+def _publish_part(ctx: FillContext, part: Path, state: Path, digest: str) -> None:
+    publish_file(ctx.layout, part, digest, ctx.dirty_dirs if ctx.fsync else None)
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
-    return actual
 
 
 def _disk_full(
@@ -397,6 +404,7 @@ def _disk_full(
         "--capacity so eviction leaves room) and pull again"
     )
     err.free = free
+    err.errno = exc.errno  # still ENOSPC/EDQUOT to callers that look (the pull's summary)
     return err
 
 
@@ -512,7 +520,9 @@ async def _fetch_range(
                 raise
         break
     done.add(i)
-    _save_state(state, prog.size, prog.chunk, location.fingerprint, done)
+    await asyncio.get_running_loop().run_in_executor(
+        ctx.executor, _save_state, state, prog.size, prog.chunk, location.fingerprint, set(done)
+    )
     if ctx.fsync:  # start writing this range to disk now, so the final fsync is short
         prog.writebacks.append(
             asyncio.get_running_loop().run_in_executor(
