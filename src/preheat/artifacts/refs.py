@@ -95,9 +95,7 @@ class ArtifactRef:
     def is_manifest_url(self) -> bool:
         # the name of the path, not of a query string (a presigned manifest URL ends in one)
         path = re.split(r"[?#]", self.location, maxsplit=1)[0]
-        return self.scheme in ("http", "https") and path.rsplit("/", 1)[-1].endswith(
-            MANIFEST_NAME
-        )
+        return self.scheme in ("http", "https") and path.rsplit("/", 1)[-1].endswith(MANIFEST_NAME)
 
 
 def parse_ref(text: str) -> ArtifactRef:
