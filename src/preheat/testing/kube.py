@@ -207,6 +207,10 @@ class KubeCluster:
     daemons: list[_Daemon] = field(default_factory=list)
     kubelets: dict[str, _Daemon] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    #: Second octet of the first node's pod addresses, drawn per cluster so two clusters
+    #: on one machine (parallel test runs) do not hand out the same 127.x.y.z:port.
+    ip_base: int = field(default_factory=lambda: 2 + secrets.randbelow(190))
+    nodes_added: int = 0
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -484,9 +488,11 @@ class KubeCluster:
         schedulable (the real node-lifecycle controller removed the not-ready taint)."""
         if name in self.kubelets:
             raise ValueError(f"node {name!r} already has a kubelet stand-in")
-        index = len(self.kubelets) + 1
-        if index > 250:
-            raise ValueError("at most 250 nodes: each gets the pod addresses 127.<index+1>.x.y")
+        index = self.nodes_added  # never reused: a stopped node's pods may still hold theirs
+        if self.ip_base + index > 254:
+            raise ValueError(
+                f"at most {255 - self.ip_base} nodes: each gets the pod addresses 127.<n>.x.y"
+            )
         node_dir = self.root / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -496,7 +502,7 @@ class KubeCluster:
             f"--kubeconfig={self.kubeconfig}",
             f"--node={name}",
             f"--root={node_dir}",
-            f"--ip-prefix=127.{index + 1}",
+            f"--ip-prefix=127.{self.ip_base + index}",
             f"--cpu={cpu}",
             f"--memory={memory}",
             f"--pods={pods}",
@@ -508,6 +514,7 @@ class KubeCluster:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         daemon = self._spawn(f"kubelet-{name}", argv, env)
         self.kubelets[name] = daemon
+        self.nodes_added += 1
         admin = self.rest()
 
         def ready() -> bool:
