@@ -273,8 +273,19 @@ def test_deployment_pods_run_on_loopback_ips_and_prefer_labelled_nodes(
     ips = [p["status"]["podIP"] for p in engines]
     assert len(set(ips)) == 4 and all(ip.startswith("127.") for ip in ips)
     assert {p["spec"]["nodeName"] for p in engines} <= {"node-a", "node-b"}
-    deployment = kube.rest().get("/apis/apps/v1/namespaces/default/deployments/engines")
-    assert deployment["status"]["availableReplicas"] == 4
+    # the controller-manager writes the Deployment's status a moment after the pods turn
+    # Ready (asynchronously), so wait for it rather than read it once
+    kube.wait_for(
+        "the Deployment reports 4 available replicas",
+        lambda: (
+            kube.rest()
+            .get("/apis/apps/v1/namespaces/default/deployments/engines")
+            .get("status", {})
+            .get("availableReplicas")
+            == 4
+        ),
+        timeout=30,
+    )
     for ip in ips:
         with urllib.request.urlopen(f"http://{ip}:8000/health", timeout=5) as r:
             assert r.status == 200
