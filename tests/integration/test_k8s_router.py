@@ -1,0 +1,327 @@
+"""`preheat router serve --kubernetes` on a real v1.20.2 control plane.
+
+The router process discovers the endpoint's pods from their EndpointSlices
+(``discovery.k8s.io/v1beta1`` on 1.20) and its strategy from the InferenceEndpoint, with a
+kubeconfig of the ServiceAccount bound to the rendered router Role (so RBAC is real). The
+pods are `preheat engine serve` processes run by the kubelet stand-in on 127.x addresses;
+traffic goes to those pod IPs only (nothing routes ClusterIPs here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.render import endpoint_manifests
+from preheat.runtime.kubernetes.resources import load_endpoint_file
+from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
+from preheat.testing.procs import free_port, stop_process
+from tests.integration.test_k8s_cluster import _engine_deployment
+
+pytestmark = pytest.mark.kubernetes
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "endpoint.yaml"  # endpoint "chat", prefix_aware, 2048, 8
+NODES = {"node-a": {"pool": "gpu"}, "node-b": {"pool": "gpu"}}
+TOKEN = "router-admin-token-for-tests"
+IE_PATH = "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints/chat"
+SERVICE = variant_service_name("chat", "main")
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """One control plane with two stand-in nodes and the CRDs (module-scoped: stopped when
+    this module ends, not kept beside test_k8s_cluster's for the rest of the session)."""
+    try:
+        bin_dir = find_kube_bin()
+    except KubeUnavailable as exc:
+        pytest.skip(str(exc))
+    cluster = KubeCluster.start(tmp_path_factory.mktemp("kube"), bin_dir=bin_dir)
+    try:
+        for name, labels in NODES.items():
+            cluster.add_node(name, labels=labels)
+        crds = _preheat("k8s", "render", "--crds").stdout
+        cluster.kubectl("apply", "-f", "-", input=crds)
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s",
+            "crd/inferenceendpoints.preheat.dev",
+        )  # fmt: skip
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _preheat(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "preheat"
+    return subprocess.run(
+        [str(exe), *args], check=check, capture_output=True, text=True, timeout=60, **kw
+    )
+
+
+def _engines(kube: KubeCluster, replicas: int) -> list[dict[str, Any]]:
+    """A Deployment of simulated engines for variant `main` of `chat` (test_k8s_cluster's,
+    reading a snapshot from each node's store), and the Service the router discovers."""
+    for name in NODES:
+        snap = kube.root / "nodes" / name / "var/lib/preheat/store/snap"
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "weights.bin").write_bytes(name.encode() * 100)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": "default"},
+        "spec": {"selector": {"app": "chat"}, "ports": [{"name": "http", "port": 8000}]},
+    }
+    return [_engine_deployment("chat", replicas, affinity_label=None), service]
+
+
+def _ready_pod_urls(kube: KubeCluster) -> set[str]:
+    pods = kube.rest().get("/api/v1/namespaces/default/pods?labelSelector=app=chat")["items"]
+    out = set()
+    for p in pods:
+        conds = {c["type"]: c["status"] for c in p["status"].get("conditions") or ()}
+        if conds.get("Ready") == "True" and not p["metadata"].get("deletionTimestamp"):
+            out.add(f"http://{p['status']['podIP']}:8000")
+    return out
+
+
+class RouterProc:
+    """The `preheat router serve --kubernetes` child and a client for it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+        self.url = f"http://127.0.0.1:{port}"
+
+    def config(self) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.url + "/admin/config", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            body: dict[str, Any] = json.loads(r.read())
+        return body
+
+    def instances(self) -> dict[str, str]:
+        (main,) = self.config()["variants"]
+        return {i["url"]: i["state"] for i in main["instances"]}
+
+    def complete(self, prompt: str) -> tuple[int, str]:
+        """POST one completion; (status, the instance the router says it used)."""
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps({"model": "chat", "prompt": prompt, "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=15) as r:
+                json.loads(r.read())
+                return r.status, r.headers.get("X-Preheat-Instance", "")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")[:200]
+
+
+@pytest.fixture(scope="module")
+def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    """Two engine pods behind Service chat-main, the `chat` InferenceEndpoint with the
+    rendered router RBAC, and the router running as that ServiceAccount."""
+    spec, pod = load_endpoint_file(EXAMPLE)
+    wanted = {"ServiceAccount", "Role", "RoleBinding", "InferenceEndpoint"}
+    objects = [o for o in endpoint_manifests(spec, pod=pod) if o["kind"] in wanted]
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects + _engines(kube, 2)))
+    kube.wait_for("2 engine pods Ready", lambda: len(_ready_pod_urls(kube)) == 2, timeout=60)
+    tmp = tmp_path_factory.mktemp("router")
+    kubeconfig = write_kubeconfig(
+        tmp / "router.kubeconfig",
+        server=kube.server,
+        ca_file=kube.ca_file,
+        token=kube.service_account_token("default", "preheat-router-chat"),
+        user="preheat-router-chat",
+    )
+    port = free_port()
+    log = tmp / "router.log"
+    env = {
+        **os.environ,
+        "PREHEAT_ADMIN_TOKEN": TOKEN,
+        "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes",
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "preheat"),
+                "router",
+                "serve",
+                "--kubernetes",
+                "--endpoint",
+                "chat",
+                "--namespace",
+                "default",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--port",
+                str(port),
+                "--health-interval",
+                "0.5",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    rp = RouterProc(proc, port, log)
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return set(rp.instances()) == _ready_pod_urls(kube)
+            except OSError:
+                return False
+
+        kube.wait_for("the router lists both pods", up, timeout=30)
+        yield rp
+    finally:
+        stop_process(proc)
+        kube.kubectl("delete", "deployment/chat", f"service/{SERVICE}", "--wait=false")
+
+
+def _set_routing(kube: KubeCluster, rp: RouterProc, **routing: Any) -> dict[str, Any]:
+    """Patch the InferenceEndpoint's spec.routing and wait until the router shows it."""
+    kube.rest().must(
+        "PATCH", IE_PATH, {"spec": {"routing": routing}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    names = {"prefixLength": "prefix_length", "concurrencyThreshold": "concurrency_threshold"}
+    want = {names.get(k, k): v for k, v in routing.items()}
+
+    def shown() -> dict[str, Any] | None:
+        (main,) = rp.config()["variants"]
+        return main if all(main[k] == v for k, v in want.items()) else None
+
+    shown_: dict[str, Any] = kube.wait_for(f"the router applies {want}", shown, timeout=20)
+    return shown_
+
+
+def _completions_served(url: str) -> float:
+    """vllm:request_success_total summed over reasons, from one engine's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def test_router_routes_completions_to_the_discovered_pods(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """The router's only instances are the Ready pods' 127.x IPs from the EndpointSlices,
+    its routing is the InferenceEndpoint's, and every completion is served by a pod (the
+    engines' own /metrics count exactly the requests sent)."""
+    pods = _ready_pod_urls(kube)
+    assert all(u.startswith("http://127.") for u in pods)
+    (main,) = router.config()["variants"]
+    assert main["name"] == "main"
+    assert (main["strategy"], main["prefix_length"], main["concurrency_threshold"]) == (
+        "prefix_aware", 2048, 8,
+    )  # fmt: skip
+    assert {i["url"]: i["state"] for i in main["instances"]} == dict.fromkeys(pods, "healthy")
+    before = {u: _completions_served(u) for u in pods}
+    used = Counter()
+    for i in range(20):
+        status, instance = router.complete(f"request {i}: " + "tell me a story " * 20)
+        assert status == 200, instance
+        used[instance] += 1
+    assert set(used) <= pods
+    served = {u: _completions_served(u) - before[u] for u in pods}
+    assert sum(served.values()) == 20
+    assert served == {u: float(used[u]) for u in pods}
+
+
+def test_routing_spec_change_applies_live(kube: KubeCluster, router: RouterProc) -> None:
+    """Changing spec.routing on the InferenceEndpoint switches the running router's
+    strategy and threshold (GET /admin/config) without a restart, instances kept."""
+    pid = router.proc.pid
+    pods = set(router.instances())
+    main = _set_routing(kube, router, strategy="least_outstanding", concurrencyThreshold=16)
+    assert main["strategy"] == "least_outstanding" and main["concurrency_threshold"] == 16
+    assert set(router.instances()) == pods and router.proc.pid == pid
+    main = _set_routing(kube, router, strategy="random")
+    assert router.complete("after the switch")[0] == 200
+    assert router.proc.poll() is None
+
+
+def test_scaling_adds_and_removes_instances_without_a_failed_request(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """Under a bounded load loop, scaling the Deployment 2 -> 3 adds the new pod (it gets
+    traffic) and 3 -> 1 removes two, and no request fails."""
+    _set_routing(kube, router, strategy="random")
+    results: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def load(n: int) -> None:
+        deadline = time.monotonic() + 80
+        for i in range(1500):
+            if stop.is_set() or time.monotonic() > deadline:
+                return
+            results.append(router.complete(f"load {n}.{i}"))
+
+    threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        two = set(router.instances())
+        kube.kubectl("scale", "deployment/chat", "--replicas=3")
+
+        def third_serves() -> str | None:
+            new = set(router.instances()) - two
+            if len(new) == 1 and new <= _ready_pod_urls(kube):
+                (url,) = new
+                return url if any(inst == url for _, inst in list(results)) else None
+            return None
+
+        added = kube.wait_for("the third pod is an instance and gets traffic", third_serves, 40)
+        kube.kubectl("scale", "deployment/chat", "--replicas=1")
+
+        def one_left() -> set[str] | None:
+            now = set(router.instances())
+            return now if len(now) == 1 and now == _ready_pod_urls(kube) else None
+
+        left = kube.wait_for("the router is down to the one pod left", one_left, timeout=40)
+        mark = len(results)
+        kube.wait_for("requests after scale-in", lambda: len(results) >= mark + 20, timeout=20)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=20)
+    failed = [r for r in results if r[0] != 200]
+    assert not failed, failed[:5]
+    assert added.startswith("http://127.")
+    assert {inst for _, inst in results[mark + 2 :]} == left  # 2 were in flight at most
+    print(f"scale 2->3->1 under load: {len(results)} requests, 0 failed")
+
+
+def test_unknown_endpoint_fails_naming_it_and_the_namespace(
+    kube: KubeCluster, router: RouterProc, tmp_path: Path
+) -> None:
+    """--endpoint that does not exist: exit 2 before listening, the message names the
+    endpoint and the namespace."""
+    out = _preheat(
+        "router", "serve", "--kubernetes", "--endpoint", "nope", "--namespace", "default",
+        "--kubeconfig", str(kube.kubeconfig), "--port", str(free_port()),
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "InferenceEndpoint 'nope' in namespace 'default' not found" in out.stderr
