@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +26,12 @@ from typing import Any
 import pytest
 import yaml
 
-from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.discovery import (
+    desired_instances,
+    discovery_version,
+    slice_endpoints,
+    variant_service_name,
+)
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
@@ -262,6 +268,34 @@ def test_routing_spec_change_applies_live(kube: KubeCluster, router: RouterProc)
     assert router.proc.poll() is None
 
 
+def test_a_pod_failing_readiness_is_drained_then_taken_back(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """A pod whose process is frozen (SIGSTOP) fails its readiness probe: its EndpointSlice
+    entry turns not ready and the router drains it (kept, sent nothing new); resumed, it is
+    ready again and the router routes to it again."""
+    pods = kube.rest().get("/api/v1/namespaces/default/pods?labelSelector=app=chat")["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    pod = live[0]
+    url = f"http://{pod['status']['podIP']}:8000"
+    pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("standin://"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        kube.wait_for(
+            f"{url} drained", lambda: router.instances().get(url) == "draining", timeout=40
+        )
+        others = [u for u, st in router.instances().items() if u != url and st == "healthy"]
+        assert others, router.instances()
+        for i in range(5):
+            status, used = router.complete(f"while {url} is drained {i}")
+            assert status == 200 and used != url
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    kube.wait_for(
+        f"{url} healthy again", lambda: router.instances().get(url) == "healthy", timeout=40
+    )
+
+
 def test_scaling_adds_and_removes_instances_without_a_failed_request(
     kube: KubeCluster, router: RouterProc
 ) -> None:
@@ -311,6 +345,55 @@ def test_scaling_adds_and_removes_instances_without_a_failed_request(
     assert added.startswith("http://127.")
     assert {inst for _, inst in results[mark + 2 :]} == left  # 2 were in flight at most
     print(f"scale 2->3->1 under load: {len(results)} requests, 0 failed")
+
+
+def test_slice_api_version_comes_from_api_discovery(kube: KubeCluster, router: RouterProc) -> None:
+    """1.20 serves no discovery.k8s.io/v1, so discovery picks v1beta1 (and says so)."""
+    from kubernetes import config
+
+    with config.new_client_from_config(config_file=str(kube.kubeconfig)) as api:
+        assert discovery_version(api) == "v1beta1"
+    assert "discovery.k8s.io/v1beta1 EndpointSlices of chat-main" in router.log.read_text()
+
+
+def test_slice_endpoints_read_ready_terminating_and_ports() -> None:
+    """An unset `ready` counts as ready (the API's rule), `terminating` or ready=false as
+    not ready; the port named http wins; IPv6 addresses are bracketed; the slices of
+    other Services are ignored and an address ready in one slice is ready."""
+    ports = [{"name": "metrics", "port": 9000}, {"name": "http", "port": 8000}]
+    ours = {
+        "metadata": {"labels": {"kubernetes.io/service-name": "chat-main"}},
+        "ports": ports,
+        "endpoints": [
+            {"addresses": ["127.1.0.2"]},
+            {"addresses": ["127.1.0.3"], "conditions": {"ready": False}},
+            {"addresses": ["127.1.0.4"], "conditions": {"ready": True, "terminating": True}},
+            {"addresses": ["fd00::5"], "conditions": {"ready": True}},
+        ],
+    }
+    again = {**ours, "endpoints": [{"addresses": ["127.1.0.3"], "conditions": {"ready": True}}]}
+    other = {**ours, "metadata": {"labels": {"kubernetes.io/service-name": "other"}}}
+    assert desired_instances([ours, other], {"chat-main": "main"}) == {
+        "main": {
+            "http://127.1.0.2:8000": True,
+            "http://127.1.0.3:8000": False,
+            "http://127.1.0.4:8000": False,
+            "http://[fd00::5]:8000": True,
+        }
+    }
+    assert desired_instances([ours, again], {"chat-main": "main"})["main"]["http://127.1.0.3:8000"]
+    assert slice_endpoints({**ours, "ports": []}) == []
+
+
+def test_variant_service_names_are_dns_labels() -> None:
+    """ENDPOINT-VARIANT, and a pair too long for a DNS label is cut with a digest."""
+    assert variant_service_name("chat", "main") == "chat-main"
+    long = variant_service_name("e" * 40, "v" * 40)
+    assert (
+        len(long) <= 63
+        and long.startswith("e" * 40)
+        and long != variant_service_name("e" * 40, "v" * 41)
+    )
 
 
 def test_unknown_endpoint_fails_naming_it_and_the_namespace(

@@ -59,6 +59,7 @@ __all__ = [
     "discovery_version",
     "routing_variants",
     "run",
+    "slice_endpoints",
     "variant_service_name",
 ]
 
@@ -229,6 +230,10 @@ class Discovery:
             )
         self._ie_version = obj["metadata"]["resourceVersion"]
         self.slices, self._slice_version = self._list_slices()
+        log.info(
+            "endpoint %s/%s: instances from discovery.k8s.io/%s EndpointSlices of %s",
+            self.namespace, self.endpoint, self.version, ", ".join(sorted(self._services())),
+        )  # fmt: skip
         raw = routing_variants(self.spec, base.to_dict())
         wanted = desired_instances(self.slices.values(), self._services())
         for v in raw["variants"]:
