@@ -347,6 +347,57 @@ def test_scaling_adds_and_removes_instances_without_a_failed_request(
     print(f"scale 2->3->1 under load: {len(results)} requests, 0 failed")
 
 
+def test_a_variant_added_to_the_spec_gets_its_services_pods(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """Adding variant `canary` to the InferenceEndpoint adds a router variant whose
+    instances are the pods behind Service chat-canary (listed at once, then watched);
+    requests for that variant reach them; removing the variant takes it out again."""
+    canary = variant_service_name("chat", "canary")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": canary, "namespace": "default"},
+        "spec": {"selector": {"app": canary}, "ports": [{"name": "http", "port": 8000}]},
+    }
+    deployment = _engine_deployment(canary, 1, affinity_label=None)
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([deployment, service]))
+    stored = kube.rest().get(IE_PATH)["spec"]["variants"]
+    try:
+        variants = [*stored, {**stored[0], "name": "canary", "weight": 0.5}]
+        kube.rest().must(
+            "PATCH", IE_PATH, {"spec": {"variants": variants}},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+        def canary_instances() -> list[str] | None:
+            by_name = {v["name"]: v for v in router.config()["variants"]}
+            got = [i["url"] for i in by_name.get("canary", {}).get("instances", ())]
+            return got or None
+
+        (url,) = kube.wait_for("the canary variant has its pod", canary_instances, timeout=45)
+        pods = kube.rest().get(f"/api/v1/namespaces/default/pods?labelSelector=app={canary}")
+        assert url == f"http://{pods['items'][0]['status']['podIP']}:8000"
+        req = urllib.request.Request(
+            router.url + "/v1/completions",
+            data=json.dumps({"prompt": "to the canary", "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json", "X-Preheat-Variant": "canary"},
+        )
+        with urllib.request.urlopen(req, timeout=15) as r:
+            assert r.headers["X-Preheat-Instance"] == url
+    finally:
+        kube.rest().must(
+            "PATCH", IE_PATH, {"spec": {"variants": stored}},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        kube.kubectl("delete", f"deployment/{canary}", f"service/{canary}", "--wait=false")
+    kube.wait_for(
+        "the canary variant is gone",
+        lambda: [v["name"] for v in router.config()["variants"]] == ["main"],
+        timeout=20,
+    )
+
+
 def test_slice_api_version_comes_from_api_discovery(kube: KubeCluster, router: RouterProc) -> None:
     """1.20 serves no discovery.k8s.io/v1, so discovery picks v1beta1 (and says so)."""
     from kubernetes import config

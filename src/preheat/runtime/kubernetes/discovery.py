@@ -68,7 +68,7 @@ log = logging.getLogger("preheat.router.kubernetes")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _PLURAL = "inferenceendpoints"
-_WATCH_S = 60  # a watch call ends after this long and is renewed from its resourceVersion
+_WATCH_S = 15  # a watch call ends after this long and is renewed from its resourceVersion
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 
 
@@ -209,9 +209,11 @@ class Discovery:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._watches: list[watch.Watch] = []
-        self._threads: list[threading.Thread] = []
+        self._slice_generation = 0
         self._ie_version = ""
-        self._slice_version = ""
+        # (label selector, resourceVersion) of the last slice list or event: a watch
+        # resumes only from a version that its own selector's list or stream gave.
+        self._slice_cursor = ("", "")
 
     # --- start: one synchronous read, so a wrong name fails before the router listens ---
 
@@ -229,7 +231,7 @@ class Discovery:
                 "invalid spec (see the log); fix it with kubectl edit"
             )
         self._ie_version = obj["metadata"]["resourceVersion"]
-        self.slices, self._slice_version = self._list_slices()
+        self.slices = self._list_slices()
         log.info(
             "endpoint %s/%s: instances from discovery.k8s.io/%s EndpointSlices of %s",
             self.namespace, self.endpoint, self.version, ", ".join(sorted(self._services())),
@@ -278,21 +280,21 @@ class Discovery:
     def _selector(self) -> str:
         return f"{SERVICE_NAME_LABEL} in ({','.join(sorted(self._services()))})"
 
-    def _list_slices(self) -> tuple[dict[str, dict[str, Any]], str]:
-        """Every slice of the variants' Services by name, and the list's resourceVersion."""
+    def _list_slices(self) -> dict[str, dict[str, Any]]:
+        """Every slice of the variants' Services by name (and the cursor to watch from)."""
+        selector = self._selector()
         try:
             body: dict[str, Any] = self.custom.list_namespaced_custom_object(  # type: ignore[assignment]
                 "discovery.k8s.io",
                 self.version,
                 self.namespace,
                 "endpointslices",
-                label_selector=self._selector(),
+                label_selector=selector,
             )
         except ApiException as exc:
             raise self._api_error(exc, "EndpointSlices") from None
-        return {s["metadata"]["name"]: s for s in body.get("items", ())}, body["metadata"][
-            "resourceVersion"
-        ]
+        self._slice_cursor = (selector, body["metadata"]["resourceVersion"])
+        return {s["metadata"]["name"]: s for s in body.get("items", ())}
 
     # --- running ----------------------------------------------------------------------------
 
@@ -301,20 +303,29 @@ class Discovery:
         ``loop`` (the router's)."""
         self.state = state
         self._loop = loop
-        for name, fn in (("slices", self._watch_slices), ("endpoint", self._watch_endpoint)):
-            t = threading.Thread(target=self._forever, args=(name, fn), daemon=True)
-            t.name = f"preheat-discovery-{name}"
-            t.start()
-            self._threads.append(t)
+        self._spawn("endpoint", self._watch_endpoint, lambda: True)
+        self._spawn_slices()
+
+    def _spawn(self, what: str, once: Callable[[], None], alive: Callable[[], bool]) -> None:
+        t = threading.Thread(target=self._forever, args=(what, once, alive), daemon=True)
+        t.name = f"preheat-discovery-{what}"
+        t.start()
+
+    def _spawn_slices(self) -> None:
+        """A slice watcher for the current variants; the one before it (blocked on a watch
+        of the old variants' Services) ends at its next event or timeout."""
+        self._slice_generation += 1
+        gen = self._slice_generation
+        self._spawn("slices", self._watch_slices, lambda: self._slice_generation == gen)
 
     def stop(self) -> None:
         self._stop.set()
         for w in list(self._watches):
             w.stop()
 
-    def _forever(self, what: str, once: Callable[[], None]) -> None:
+    def _forever(self, what: str, once: Callable[[], None], alive: Callable[[], bool]) -> None:
         failures = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and alive():
             try:
                 once()
                 failures = 0
@@ -335,8 +346,7 @@ class Discovery:
     def _relist(self, what: str) -> None:
         try:
             if what == "slices":
-                slices, self._slice_version = self._list_slices()
-                self._post(self._replace_slices, slices)
+                self._post(self._replace_slices, self._list_slices())
             else:
                 obj = self._get_endpoint()
                 self._ie_version = obj["metadata"]["resourceVersion"]
@@ -359,22 +369,24 @@ class Discovery:
             self._watches.remove(w)
 
     def _watch_slices(self) -> None:
-        selector = self._selector()
+        selector, rv = self._slice_cursor
+        if selector != self._selector():  # the variants changed since the last list
+            self._post(self._replace_slices, self._list_slices())
+            selector, rv = self._slice_cursor
         for ev in self._stream(
-            self._slice_version,
+            rv,
             group="discovery.k8s.io",
             version=self.version,
             namespace=self.namespace,
             plural="endpointslices",
             label_selector=selector,
         ):
+            if self._slice_cursor[0] != selector:
+                return  # listed again for other variants: this stream is stale
             obj = ev["object"]
-            self._slice_version = obj["metadata"]["resourceVersion"]
-            if ev["type"] == "BOOKMARK":
-                continue
-            self._post(self._on_slice, ev["type"], obj)
-            if selector != self._selector():
-                return  # the variants changed: watch again with their Services
+            self._slice_cursor = (selector, obj["metadata"]["resourceVersion"])
+            if ev["type"] != "BOOKMARK":
+                self._post(self._on_slice, ev["type"], obj)
 
     def _watch_endpoint(self) -> None:
         for ev in self._stream(
@@ -433,8 +445,7 @@ class Discovery:
             spec.routing.strategy,
         )  # fmt: skip
         if {v.name for v in spec.variants} != before:
-            for w in list(self._watches):
-                w.stop()  # the slice watch starts again with the new variants' Services
+            self._spawn_slices()  # lists and watches the new variants' Services at once
         self._sync_instances()
 
     def _sync_instances(self) -> None:
