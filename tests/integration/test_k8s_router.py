@@ -459,3 +459,46 @@ def test_unknown_endpoint_fails_naming_it_and_the_namespace(
     )  # fmt: skip
     assert out.returncode == 2, out
     assert "InferenceEndpoint 'nope' in namespace 'default' not found" in out.stderr
+
+
+def test_credentials_without_the_router_role_are_refused_clearly(
+    kube: KubeCluster, router: RouterProc, tmp_path: Path
+) -> None:
+    """A ServiceAccount not bound to the router Role gets a 403 from the API server; the
+    router exits 2 naming the endpoint, the namespace and the fix (bind the Role)."""
+    kube.kubectl("create", "serviceaccount", "nobody")
+    kubeconfig = write_kubeconfig(
+        tmp_path / "nobody.kubeconfig",
+        server=kube.server,
+        ca_file=kube.ca_file,
+        token=kube.service_account_token("default", "nobody"),
+        user="nobody",
+    )
+    out = _preheat(
+        "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", "default",
+        "--kubeconfig", str(kubeconfig), "--port", str(free_port()),
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "reading InferenceEndpoint 'chat' in namespace 'default' was refused (403" in out.stderr
+    assert "Role" in out.stderr and kube.service_account_token("default", "nobody") not in (
+        out.stderr + out.stdout
+    )
+
+
+def test_kubernetes_options_are_checked_before_connecting(tmp_path: Path) -> None:
+    """--endpoint without --kubernetes, --kubernetes without --endpoint or with --backend,
+    and a missing --kubeconfig file are usage errors that say what to change."""
+    cases = {
+        ("--endpoint", "chat"): "need --kubernetes",
+        ("--kubernetes",): "--kubernetes needs --endpoint NAME",
+        ("--kubernetes", "--endpoint", "chat", "--backend", "http://127.0.0.1:1"): (
+            "leave out --config and --backend"
+        ),
+        ("--kubernetes", "--endpoint", "chat", "--kubeconfig", str(tmp_path / "none")): (
+            "does not exist"
+        ),
+    }
+    for args, message in cases.items():
+        out = _preheat("router", "serve", "--port", "1", *args, check=False)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
