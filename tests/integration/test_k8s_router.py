@@ -486,6 +486,21 @@ def test_credentials_without_the_router_role_are_refused_clearly(
     )
 
 
+def test_an_unreachable_api_server_is_named(kube: KubeCluster, tmp_path: Path) -> None:
+    """A kubeconfig whose server answers nothing: exit 2 naming the server address."""
+    server = f"https://127.0.0.1:{free_port()}"
+    kubeconfig = write_kubeconfig(
+        tmp_path / "gone.kubeconfig", server=server, ca_file=kube.ca_file, token="t", user="u"
+    )
+    out = _preheat(
+        "router", "serve", "--kubernetes", "--endpoint", "chat",
+        "--kubeconfig", str(kubeconfig), "--port", str(free_port()),
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert f"cannot reach the Kubernetes API server {server}" in out.stderr
+
+
 def test_kubernetes_options_are_checked_before_connecting(tmp_path: Path) -> None:
     """--endpoint without --kubernetes, --kubernetes without --endpoint or with --backend,
     and a missing --kubeconfig file are usage errors that say what to change."""

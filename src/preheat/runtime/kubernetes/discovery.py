@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -115,6 +116,11 @@ def discovery_version(api: client.ApiClient) -> str:
         groups = client.ApisApi(api).get_api_versions().groups or []
     except ApiException as exc:
         raise ConfigError(f"API discovery failed ({exc.status} {exc.reason})") from None
+    except urllib3.exceptions.HTTPError as exc:
+        raise ConfigError(
+            f"cannot reach the Kubernetes API server {api.configuration.host}: "
+            f"{getattr(exc, 'reason', None) or exc}; check the kubeconfig's server address"
+        ) from None
     for g in groups:
         if g.name == "discovery.k8s.io":
             versions = {v.version for v in g.versions or ()}
