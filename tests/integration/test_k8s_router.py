@@ -257,7 +257,8 @@ def test_router_routes_completions_to_the_discovered_pods(
 
 def test_routing_spec_change_applies_live(kube: KubeCluster, router: RouterProc) -> None:
     """Changing spec.routing on the InferenceEndpoint switches the running router's
-    strategy and threshold (GET /admin/config) without a restart, instances kept."""
+    strategy and threshold (GET /admin/config) without a restart, instances kept; a
+    status-only update applies nothing."""
     pid = router.proc.pid
     pods = set(router.instances())
     main = _set_routing(kube, router, strategy="least_outstanding", concurrencyThreshold=16)
@@ -266,6 +267,15 @@ def test_routing_spec_change_applies_live(kube: KubeCluster, router: RouterProc)
     main = _set_routing(kube, router, strategy="random")
     assert router.complete("after the switch")[0] == 200
     assert router.proc.poll() is None
+    # A status-only update (what the operator writes) is not a routing change: the watch
+    # delivers it before the next spec change, and only the spec change is applied.
+    applied = router.log.read_text().count("routing from InferenceEndpoint")
+    kube.rest().must(
+        "PATCH", IE_PATH + "/status", {"status": {"readyReplicas": 2}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    _set_routing(kube, router, concurrencyThreshold=12)
+    assert router.log.read_text().count("routing from InferenceEndpoint") == applied + 1
 
 
 def test_a_pod_failing_readiness_is_drained_then_taken_back(

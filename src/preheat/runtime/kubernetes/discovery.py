@@ -436,8 +436,8 @@ class Discovery:
 
     def _apply_spec(self, obj: dict[str, Any]) -> None:
         spec = self._parse(obj)
-        if spec is None or self.state is None:
-            return
+        if spec is None or self.state is None or spec == self.spec:
+            return  # invalid (logged), not started, or a status-only update
         before = {v.name for v in self.spec.variants} if self.spec else set()
         self.spec = spec
         try:
