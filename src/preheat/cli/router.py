@@ -9,6 +9,7 @@ import random
 import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,9 @@ from preheat.router.policies.base import PolicyParams
 
 #: Option defaults come from the policy's own parameters (one source of truth).
 _P = PolicyParams()
+
+if TYPE_CHECKING:
+    from preheat.runtime.kubernetes.discovery import Discovery
 
 
 @click.group()
@@ -126,6 +130,25 @@ def router() -> None:
 @click.option(
     "--health-interval", type=float, default=None, help="Seconds between health checks (2)."
 )
+@click.option(
+    "--kubernetes",
+    is_flag=True,
+    help="Kubernetes mode: instances from the --endpoint's EndpointSlices, strategy and "
+    "thresholds from its InferenceEndpoint spec, both followed live (docs/kubernetes.md).",
+)
+@click.option("--endpoint", metavar="NAME", help="--kubernetes: the InferenceEndpoint to serve.")
+@click.option(
+    "--namespace",
+    metavar="N",
+    help="--kubernetes: its namespace (default: the kubeconfig context's, the pod's, or "
+    "'default').",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="--kubernetes: kubeconfig file (default: KUBECONFIG, ~/.kube/config, else the "
+    "in-cluster ServiceAccount).",
+)
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def serve(
     port: int,
@@ -145,6 +168,10 @@ def serve(
     decision_sample: float,
     upstream_timeout: float | None,
     health_interval: float | None,
+    kubernetes: bool,
+    endpoint: str | None,
+    namespace: str | None,
+    kubeconfig: Path | None,
     log_level: str,
 ) -> None:
     """Run the router on --port in front of --backend URLs (or a --config file).
@@ -156,6 +183,10 @@ def serve(
           --admin-token-file ~/.preheat/admin-token
     A variant may start with no instance (requests get 503 + Retry-After until
     POST /admin/instances/add gives it one).
+
+    \b
+    In a cluster (the rendered router Deployment runs this):
+      preheat router serve --kubernetes --endpoint chat --port 8080
     """
     from preheat.router.config import load_config, parse_config
     from preheat.router.server import Router, run
@@ -164,8 +195,14 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    discovery = None
     try:
-        if config_file is not None:
+        if kubernetes:
+            discovery = _discovery(endpoint, namespace, kubeconfig, config_file, backends)
+            cfg = parse_config({"variants": [{"name": "default", "instances": []}]})
+        elif endpoint or namespace or kubeconfig:
+            raise ConfigError("--endpoint, --namespace and --kubeconfig need --kubernetes")
+        elif config_file is not None:
             if backends:
                 raise ConfigError("give either --config or --backend, not both")
             cfg = load_config(config_file)
@@ -192,6 +229,8 @@ def serve(
         if health_interval is not None:
             raw["health"]["interval_s"] = health_interval
         cfg = parse_config(raw)
+        if discovery is not None:
+            cfg = discovery.initial_config(cfg)
         admin_token = _admin_token(admin_token, admin_token_file)
         salt = _salt(salt_file)
         rng = random.Random(secrets.randbits(64))
@@ -202,11 +241,34 @@ def serve(
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    run(
-        Router(cfg, salt=salt, admin_token=admin_token, decision_log=dlog, rng=rng),
-        host=host,
-        port=port,
-    )
+    live = Router(cfg, salt=salt, admin_token=admin_token, decision_log=dlog, rng=rng)
+    if discovery is not None:
+        from preheat.runtime.kubernetes.discovery import run as run_discovered
+
+        run_discovered(live, discovery, host=host, port=port)
+    else:
+        run(live, host=host, port=port)
+
+
+def _discovery(
+    endpoint: str | None,
+    namespace: str | None,
+    kubeconfig: Path | None,
+    config_file: Path | None,
+    backends: tuple[str, ...],
+) -> Discovery:
+    """Kubernetes mode's discovery, connected; the options it conflicts with refused."""
+    from preheat.runtime.kubernetes.discovery import Discovery, connect
+
+    if not endpoint:
+        raise ConfigError("--kubernetes needs --endpoint NAME (the InferenceEndpoint to serve)")
+    if config_file is not None or backends:
+        raise ConfigError(
+            "--kubernetes takes its instances and routing from the cluster; "
+            "leave out --config and --backend"
+        )
+    api, context_namespace = connect(kubeconfig)
+    return Discovery(api, namespace or context_namespace or "default", endpoint)
 
 
 def _admin_token(given: str | None, path: Path | None) -> str | None:

@@ -1,0 +1,529 @@
+"""`preheat router serve --kubernetes` on a real v1.20.2 control plane.
+
+The router process discovers the endpoint's pods from their EndpointSlices
+(``discovery.k8s.io/v1beta1`` on 1.20) and its strategy from the InferenceEndpoint, with a
+kubeconfig of the ServiceAccount bound to the rendered router Role (so RBAC is real). The
+pods are `preheat engine serve` processes run by the kubelet stand-in on 127.x addresses;
+traffic goes to those pod IPs only (nothing routes ClusterIPs here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from preheat.runtime.kubernetes.discovery import (
+    desired_instances,
+    discovery_version,
+    slice_endpoints,
+    variant_service_name,
+)
+from preheat.runtime.kubernetes.render import endpoint_manifests
+from preheat.runtime.kubernetes.resources import load_endpoint_file
+from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
+from preheat.testing.procs import free_port, stop_process
+from tests.integration.test_k8s_cluster import _engine_deployment
+
+pytestmark = pytest.mark.kubernetes
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "endpoint.yaml"  # endpoint "chat", prefix_aware, 2048, 8
+NODES = {"node-a": {"pool": "gpu"}, "node-b": {"pool": "gpu"}}
+TOKEN = "router-admin-token-for-tests"
+IE_PATH = "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints/chat"
+SERVICE = variant_service_name("chat", "main")
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """One control plane with two stand-in nodes and the CRDs (module-scoped: stopped when
+    this module ends, not kept beside test_k8s_cluster's for the rest of the session)."""
+    try:
+        bin_dir = find_kube_bin()
+    except KubeUnavailable as exc:
+        pytest.skip(str(exc))
+    cluster = KubeCluster.start(tmp_path_factory.mktemp("kube"), bin_dir=bin_dir)
+    try:
+        for name, labels in NODES.items():
+            cluster.add_node(name, labels=labels)
+        crds = _preheat("k8s", "render", "--crds").stdout
+        cluster.kubectl("apply", "-f", "-", input=crds)
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s",
+            "crd/inferenceendpoints.preheat.dev",
+        )  # fmt: skip
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _preheat(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "preheat"
+    return subprocess.run(
+        [str(exe), *args], check=check, capture_output=True, text=True, timeout=60, **kw
+    )
+
+
+def _engines(kube: KubeCluster, replicas: int) -> list[dict[str, Any]]:
+    """A Deployment of simulated engines for variant `main` of `chat` (test_k8s_cluster's,
+    reading a snapshot from each node's store), and the Service the router discovers."""
+    for name in NODES:
+        snap = kube.root / "nodes" / name / "var/lib/preheat/store/snap"
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "weights.bin").write_bytes(name.encode() * 100)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": "default"},
+        "spec": {"selector": {"app": "chat"}, "ports": [{"name": "http", "port": 8000}]},
+    }
+    return [_engine_deployment("chat", replicas, affinity_label=None), service]
+
+
+def _ready_pod_urls(kube: KubeCluster) -> set[str]:
+    pods = kube.rest().get("/api/v1/namespaces/default/pods?labelSelector=app=chat")["items"]
+    out = set()
+    for p in pods:
+        conds = {c["type"]: c["status"] for c in p["status"].get("conditions") or ()}
+        if conds.get("Ready") == "True" and not p["metadata"].get("deletionTimestamp"):
+            out.add(f"http://{p['status']['podIP']}:8000")
+    return out
+
+
+class RouterProc:
+    """The `preheat router serve --kubernetes` child and a client for it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+        self.url = f"http://127.0.0.1:{port}"
+
+    def config(self) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.url + "/admin/config", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            body: dict[str, Any] = json.loads(r.read())
+        return body
+
+    def instances(self) -> dict[str, str]:
+        (main,) = self.config()["variants"]
+        return {i["url"]: i["state"] for i in main["instances"]}
+
+    def complete(self, prompt: str) -> tuple[int, str]:
+        """POST one completion; (status, the instance the router says it used)."""
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps({"model": "chat", "prompt": prompt, "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=15) as r:
+                json.loads(r.read())
+                return r.status, r.headers.get("X-Preheat-Instance", "")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")[:200]
+
+
+@pytest.fixture(scope="module")
+def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    """Two engine pods behind Service chat-main, the `chat` InferenceEndpoint with the
+    rendered router RBAC, and the router running as that ServiceAccount."""
+    spec, pod = load_endpoint_file(EXAMPLE)
+    wanted = {"ServiceAccount", "Role", "RoleBinding", "InferenceEndpoint"}
+    objects = [o for o in endpoint_manifests(spec, pod=pod) if o["kind"] in wanted]
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects + _engines(kube, 2)))
+    kube.wait_for("2 engine pods Ready", lambda: len(_ready_pod_urls(kube)) == 2, timeout=60)
+    tmp = tmp_path_factory.mktemp("router")
+    kubeconfig = write_kubeconfig(
+        tmp / "router.kubeconfig",
+        server=kube.server,
+        ca_file=kube.ca_file,
+        token=kube.service_account_token("default", "preheat-router-chat"),
+        user="preheat-router-chat",
+    )
+    port = free_port()
+    log = tmp / "router.log"
+    env = {
+        **os.environ,
+        "PREHEAT_ADMIN_TOKEN": TOKEN,
+        "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes",
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "preheat"),
+                "router",
+                "serve",
+                "--kubernetes",
+                "--endpoint",
+                "chat",
+                "--namespace",
+                "default",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--port",
+                str(port),
+                "--health-interval",
+                "0.5",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    rp = RouterProc(proc, port, log)
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return set(rp.instances()) == _ready_pod_urls(kube)
+            except OSError:
+                return False
+
+        kube.wait_for("the router lists both pods", up, timeout=30)
+        yield rp
+    finally:
+        stop_process(proc)
+        kube.kubectl("delete", "deployment/chat", f"service/{SERVICE}", "--wait=false")
+
+
+def _set_routing(kube: KubeCluster, rp: RouterProc, **routing: Any) -> dict[str, Any]:
+    """Patch the InferenceEndpoint's spec.routing and wait until the router shows it."""
+    kube.rest().must(
+        "PATCH", IE_PATH, {"spec": {"routing": routing}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    names = {"prefixLength": "prefix_length", "concurrencyThreshold": "concurrency_threshold"}
+    want = {names.get(k, k): v for k, v in routing.items()}
+
+    def shown() -> dict[str, Any] | None:
+        (main,) = rp.config()["variants"]
+        return main if all(main[k] == v for k, v in want.items()) else None
+
+    shown_: dict[str, Any] = kube.wait_for(f"the router applies {want}", shown, timeout=20)
+    return shown_
+
+
+def _completions_served(url: str) -> float:
+    """vllm:request_success_total summed over reasons, from one engine's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def test_router_routes_completions_to_the_discovered_pods(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """The router's only instances are the Ready pods' 127.x IPs from the EndpointSlices,
+    its routing is the InferenceEndpoint's, and every completion is served by a pod (the
+    engines' own /metrics count exactly the requests sent)."""
+    pods = _ready_pod_urls(kube)
+    assert all(u.startswith("http://127.") for u in pods)
+    (main,) = router.config()["variants"]
+    assert main["name"] == "main"
+    assert (main["strategy"], main["prefix_length"], main["concurrency_threshold"]) == (
+        "prefix_aware", 2048, 8,
+    )  # fmt: skip
+    assert {i["url"]: i["state"] for i in main["instances"]} == dict.fromkeys(pods, "healthy")
+    before = {u: _completions_served(u) for u in pods}
+    used = Counter()
+    for i in range(20):
+        status, instance = router.complete(f"request {i}: " + "tell me a story " * 20)
+        assert status == 200, instance
+        used[instance] += 1
+    assert set(used) <= pods
+    served = {u: _completions_served(u) - before[u] for u in pods}
+    assert sum(served.values()) == 20
+    assert served == {u: float(used[u]) for u in pods}
+
+
+def test_routing_spec_change_applies_live(kube: KubeCluster, router: RouterProc) -> None:
+    """Changing spec.routing on the InferenceEndpoint switches the running router's
+    strategy and threshold (GET /admin/config) without a restart, instances kept; a
+    status-only update applies nothing."""
+    pid = router.proc.pid
+    pods = set(router.instances())
+    main = _set_routing(kube, router, strategy="least_outstanding", concurrencyThreshold=16)
+    assert main["strategy"] == "least_outstanding" and main["concurrency_threshold"] == 16
+    assert set(router.instances()) == pods and router.proc.pid == pid
+    main = _set_routing(kube, router, strategy="random")
+    assert router.complete("after the switch")[0] == 200
+    assert router.proc.poll() is None
+    # A status-only update (what the operator writes) is not a routing change: the watch
+    # delivers it before the next spec change, and only the spec change is applied.
+    applied = router.log.read_text().count("routing from InferenceEndpoint")
+    kube.rest().must(
+        "PATCH", IE_PATH + "/status", {"status": {"readyReplicas": 2}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    _set_routing(kube, router, concurrencyThreshold=12)
+    assert router.log.read_text().count("routing from InferenceEndpoint") == applied + 1
+
+
+def test_a_pod_failing_readiness_is_drained_then_taken_back(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """A pod whose process is frozen (SIGSTOP) fails its readiness probe: its EndpointSlice
+    entry turns not ready and the router drains it (kept, sent nothing new); resumed, it is
+    ready again and the router routes to it again."""
+    pods = kube.rest().get("/api/v1/namespaces/default/pods?labelSelector=app=chat")["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    pod = live[0]
+    url = f"http://{pod['status']['podIP']}:8000"
+    pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("standin://"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        kube.wait_for(
+            f"{url} drained", lambda: router.instances().get(url) == "draining", timeout=40
+        )
+        others = [u for u, st in router.instances().items() if u != url and st == "healthy"]
+        assert others, router.instances()
+        for i in range(5):
+            status, used = router.complete(f"while {url} is drained {i}")
+            assert status == 200 and used != url
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    kube.wait_for(
+        f"{url} healthy again", lambda: router.instances().get(url) == "healthy", timeout=40
+    )
+
+
+def test_scaling_adds_and_removes_instances_without_a_failed_request(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """Under a bounded load loop, scaling the Deployment 2 -> 3 adds the new pod (it gets
+    traffic) and 3 -> 1 removes two, and no request fails."""
+    _set_routing(kube, router, strategy="random")
+    results: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def load(n: int) -> None:
+        deadline = time.monotonic() + 80
+        for i in range(1500):
+            if stop.is_set() or time.monotonic() > deadline:
+                return
+            results.append(router.complete(f"load {n}.{i}"))
+
+    threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        two = set(router.instances())
+        kube.kubectl("scale", "deployment/chat", "--replicas=3")
+
+        def third_serves() -> str | None:
+            new = set(router.instances()) - two
+            if len(new) == 1 and new <= _ready_pod_urls(kube):
+                (url,) = new
+                return url if any(inst == url for _, inst in list(results)) else None
+            return None
+
+        added = kube.wait_for("the third pod is an instance and gets traffic", third_serves, 40)
+        kube.kubectl("scale", "deployment/chat", "--replicas=1")
+
+        def one_left() -> set[str] | None:
+            now = set(router.instances())
+            return now if len(now) == 1 and now == _ready_pod_urls(kube) else None
+
+        left = kube.wait_for("the router is down to the one pod left", one_left, timeout=40)
+        mark = len(results)
+        kube.wait_for("requests after scale-in", lambda: len(results) >= mark + 20, timeout=20)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=20)
+    failed = [r for r in results if r[0] != 200]
+    assert not failed, failed[:5]
+    assert added.startswith("http://127.")
+    assert {inst for _, inst in results[mark + 2 :]} == left  # 2 were in flight at most
+    print(f"scale 2->3->1 under load: {len(results)} requests, 0 failed")
+
+
+def test_a_variant_added_to_the_spec_gets_its_services_pods(
+    kube: KubeCluster, router: RouterProc
+) -> None:
+    """Adding variant `canary` to the InferenceEndpoint adds a router variant whose
+    instances are the pods behind Service chat-canary (listed at once, then watched);
+    requests for that variant reach them; removing the variant takes it out again."""
+    canary = variant_service_name("chat", "canary")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": canary, "namespace": "default"},
+        "spec": {"selector": {"app": canary}, "ports": [{"name": "http", "port": 8000}]},
+    }
+    deployment = _engine_deployment(canary, 1, affinity_label=None)
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([deployment, service]))
+    stored = kube.rest().get(IE_PATH)["spec"]["variants"]
+    try:
+        variants = [*stored, {**stored[0], "name": "canary", "weight": 0.5}]
+        kube.rest().must(
+            "PATCH", IE_PATH, {"spec": {"variants": variants}},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+        def canary_instances() -> list[str] | None:
+            by_name = {v["name"]: v for v in router.config()["variants"]}
+            got = [i["url"] for i in by_name.get("canary", {}).get("instances", ())]
+            return got or None
+
+        (url,) = kube.wait_for("the canary variant has its pod", canary_instances, timeout=45)
+        pods = kube.rest().get(f"/api/v1/namespaces/default/pods?labelSelector=app={canary}")
+        assert url == f"http://{pods['items'][0]['status']['podIP']}:8000"
+        req = urllib.request.Request(
+            router.url + "/v1/completions",
+            data=json.dumps({"prompt": "to the canary", "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json", "X-Preheat-Variant": "canary"},
+        )
+        with urllib.request.urlopen(req, timeout=15) as r:
+            assert r.headers["X-Preheat-Instance"] == url
+    finally:
+        kube.rest().must(
+            "PATCH", IE_PATH, {"spec": {"variants": stored}},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        kube.kubectl("delete", f"deployment/{canary}", f"service/{canary}", "--wait=false")
+    kube.wait_for(
+        "the canary variant is gone",
+        lambda: [v["name"] for v in router.config()["variants"]] == ["main"],
+        timeout=20,
+    )
+
+
+def test_slice_api_version_comes_from_api_discovery(kube: KubeCluster, router: RouterProc) -> None:
+    """1.20 serves no discovery.k8s.io/v1, so discovery picks v1beta1 (and says so)."""
+    from kubernetes import config
+
+    with config.new_client_from_config(config_file=str(kube.kubeconfig)) as api:
+        assert discovery_version(api) == "v1beta1"
+    assert "discovery.k8s.io/v1beta1 EndpointSlices of chat-main" in router.log.read_text()
+
+
+def test_slice_endpoints_read_ready_terminating_and_ports() -> None:
+    """An unset `ready` counts as ready (the API's rule), `terminating` or ready=false as
+    not ready; the port named http wins; IPv6 addresses are bracketed; the slices of
+    other Services are ignored and an address ready in one slice is ready."""
+    ports = [{"name": "metrics", "port": 9000}, {"name": "http", "port": 8000}]
+    ours = {
+        "metadata": {"labels": {"kubernetes.io/service-name": "chat-main"}},
+        "ports": ports,
+        "endpoints": [
+            {"addresses": ["127.1.0.2"]},
+            {"addresses": ["127.1.0.3"], "conditions": {"ready": False}},
+            {"addresses": ["127.1.0.4"], "conditions": {"ready": True, "terminating": True}},
+            {"addresses": ["fd00::5"], "conditions": {"ready": True}},
+        ],
+    }
+    again = {**ours, "endpoints": [{"addresses": ["127.1.0.3"], "conditions": {"ready": True}}]}
+    other = {**ours, "metadata": {"labels": {"kubernetes.io/service-name": "other"}}}
+    assert desired_instances([ours, other], {"chat-main": "main"}) == {
+        "main": {
+            "http://127.1.0.2:8000": True,
+            "http://127.1.0.3:8000": False,
+            "http://127.1.0.4:8000": False,
+            "http://[fd00::5]:8000": True,
+        }
+    }
+    assert desired_instances([ours, again], {"chat-main": "main"})["main"]["http://127.1.0.3:8000"]
+    assert slice_endpoints({**ours, "ports": []}) == []
+
+
+def test_variant_service_names_are_dns_labels() -> None:
+    """ENDPOINT-VARIANT, and a pair too long for a DNS label is cut with a digest."""
+    assert variant_service_name("chat", "main") == "chat-main"
+    long = variant_service_name("e" * 40, "v" * 40)
+    assert (
+        len(long) <= 63
+        and long.startswith("e" * 40)
+        and long != variant_service_name("e" * 40, "v" * 41)
+    )
+
+
+def test_unknown_endpoint_fails_naming_it_and_the_namespace(
+    kube: KubeCluster, router: RouterProc, tmp_path: Path
+) -> None:
+    """--endpoint that does not exist: exit 2 before listening, the message names the
+    endpoint and the namespace."""
+    out = _preheat(
+        "router", "serve", "--kubernetes", "--endpoint", "nope", "--namespace", "default",
+        "--kubeconfig", str(kube.kubeconfig), "--port", str(free_port()),
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "InferenceEndpoint 'nope' in namespace 'default' not found" in out.stderr
+
+
+def test_credentials_without_the_router_role_are_refused_clearly(
+    kube: KubeCluster, router: RouterProc, tmp_path: Path
+) -> None:
+    """A ServiceAccount not bound to the router Role gets a 403 from the API server; the
+    router exits 2 naming the endpoint, the namespace and the fix (bind the Role)."""
+    kube.kubectl("create", "serviceaccount", "nobody")
+    kubeconfig = write_kubeconfig(
+        tmp_path / "nobody.kubeconfig",
+        server=kube.server,
+        ca_file=kube.ca_file,
+        token=kube.service_account_token("default", "nobody"),
+        user="nobody",
+    )
+    out = _preheat(
+        "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", "default",
+        "--kubeconfig", str(kubeconfig), "--port", str(free_port()),
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "reading InferenceEndpoint 'chat' in namespace 'default' was refused (403" in out.stderr
+    assert "Role" in out.stderr and kube.service_account_token("default", "nobody") not in (
+        out.stderr + out.stdout
+    )
+
+
+def test_an_unreachable_api_server_is_named(kube: KubeCluster, tmp_path: Path) -> None:
+    """A kubeconfig whose server answers nothing: exit 2 naming the server address."""
+    server = f"https://127.0.0.1:{free_port()}"
+    kubeconfig = write_kubeconfig(
+        tmp_path / "gone.kubeconfig", server=server, ca_file=kube.ca_file, token="t", user="u"
+    )
+    out = _preheat(
+        "router", "serve", "--kubernetes", "--endpoint", "chat",
+        "--kubeconfig", str(kubeconfig), "--port", str(free_port()),
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert f"cannot reach the Kubernetes API server {server}" in out.stderr
+
+
+def test_kubernetes_options_are_checked_before_connecting(tmp_path: Path) -> None:
+    """--endpoint without --kubernetes, --kubernetes without --endpoint or with --backend,
+    and a missing --kubeconfig file are usage errors that say what to change."""
+    cases = {
+        ("--endpoint", "chat"): "need --kubernetes",
+        ("--kubernetes",): "--kubernetes needs --endpoint NAME",
+        ("--kubernetes", "--endpoint", "chat", "--backend", "http://127.0.0.1:1"): (
+            "leave out --config and --backend"
+        ),
+        ("--kubernetes", "--endpoint", "chat", "--kubeconfig", str(tmp_path / "none")): (
+            "does not exist"
+        ),
+    }
+    for args, message in cases.items():
+        out = _preheat("router", "serve", "--port", "1", *args, check=False)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
