@@ -24,7 +24,15 @@ import pytest
 import yaml
 
 from preheat.bench.models import generate_model, write_http_manifest
-from preheat.runtime.kubernetes.nodecache_status import SNAPSHOT_ANNOTATION, revision_label
+from preheat.runtime.kubernetes.nodecache_status import (
+    SNAPSHOT_ANNOTATION,
+    HeldRevision,
+    WantedRevision,
+    nodecache_status,
+    revision_label,
+    revision_labels_patch,
+    targets_node,
+)
 from preheat.runtime.kubernetes.render import system_manifests
 from preheat.store import NodeStore
 from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
@@ -360,3 +368,72 @@ def test_agents_stay_within_the_rendered_role(agents: dict[str, Agent]) -> None:
         errors = [x for x in a.get("/metrics").splitlines() if x.startswith("preheat_agent_api_e")]
         assert a.metric("preheat_agent_api_errors_total") == 0, errors
         assert "403" not in a.log.read_text() and "Forbidden" not in a.log.read_text()
+
+
+def test_label_goes_when_the_revision_leaves_the_store(
+    kube: KubeCluster, agents: dict[str, Agent], model: Model
+) -> None:
+    """Once no cache wants the revision and it is removed from node-a's store, the agent
+    drops the Node label and reports no revisions (and does not fetch it again)."""
+    label = revision_label(model.digest)
+    _until("node-a Ready", lambda: _ready_revision(kube, "node-a", model.revision))
+    kube.rest().must("DELETE", f"{MDC}/tiny")
+    store = NodeStore(agents["node-a"].store)
+    _until("lease-free", lambda: store.leases(model.digest) == [])
+    store.delete(model.digest)
+
+    def unlabelled() -> bool:
+        labels = kube.rest().get("/api/v1/nodes/node-a")["metadata"].get("labels") or {}
+        status = _nodecache(kube, "node-a").get("status") or {}
+        return label not in labels and status.get("revisionCount") == 0
+
+    _until("label removed", unlabelled)
+    assert label in kube.rest().get("/api/v1/nodes/node-b")["metadata"]["labels"]
+    assert agents["node-a"].metric("preheat_agent_bytes_fetched_total") == model.size
+    assert NodeStore(agents["node-a"].store).snapshots() == []
+
+
+def test_cache_targets_by_names_or_selector_or_all() -> None:
+    """spec.nodes.names lists nodes, spec.nodes.selector matches labels, neither means all."""
+    names = {"nodes": {"names": ["node-a"]}}
+    selector = {"nodes": {"selector": {"pool": "gpu"}}}
+    assert targets_node(names, "node-a", {}) and not targets_node(names, "node-b", {})
+    assert targets_node(selector, "node-b", {"pool": "gpu"})
+    assert not targets_node(selector, "node-c", {"pool": "cpu"})
+    assert targets_node({}, "node-c", {}) and targets_node({"nodes": {}}, "node-c", {})
+
+
+def test_revision_label_fits_and_patch_adds_and_removes() -> None:
+    """The label key is preheat.dev/rev-<12 hex>; the patch adds held ones and nulls the rest."""
+    d1, d2 = "ab" * 32, "cd" * 32
+    assert revision_label(f"sha256:{d1}") == revision_label(d1) == "preheat.dev/rev-" + d1[:12]
+    with pytest.raises(ValueError, match="not a sha256 hex digest"):
+        revision_label("latest")
+    current = {revision_label(d2): "true", "pool": "gpu"}
+    patch = revision_labels_patch(current, [d1])
+    assert patch == {revision_label(d1): "true", revision_label(d2): None}
+    assert revision_labels_patch({revision_label(d1): "true"}, [d1]) == {}
+
+
+def test_status_conditions_keep_transition_times_and_redact() -> None:
+    """Ready/Progressing/Degraded follow held, filling and failed revisions; a condition
+    whose status holds keeps its lastTransitionTime; credentials never reach the status."""
+    fail = {"time": "t", "reason": "WarmupFailed", "message": "http://u:pw@h/x: refused"}
+    first = nodecache_status(
+        generation=3, now="t1", capacity_bytes=None, free_bytes=10, held=[],
+        pending=[WantedRevision("r1", "http://u:pw@h/x", "Failed")], wanted=["r1"],
+        eviction_order=[], last_failure=fail,
+    )  # fmt: skip
+    conds = {c["type"]: c for c in first["conditions"]}
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "WarmupFailed"
+    assert conds["Degraded"]["status"] == "True" and conds["Ready"]["observedGeneration"] == 3
+    assert "pw" not in json.dumps(first)
+    held = HeldRevision("ab" * 32, "r1", "http://h/x", 5, False, 0, None)
+    second = nodecache_status(
+        generation=3, now="t2", capacity_bytes=None, free_bytes=10, held=[held], pending=[],
+        wanted=["r1"], eviction_order=["ab" * 32], last_failure=None, previous=first,
+    )  # fmt: skip
+    conds2 = {c["type"]: c for c in second["conditions"]}
+    assert conds2["Ready"]["status"] == "True" and conds2["Ready"]["lastTransitionTime"] == "t2"
+    assert conds2["Progressing"]["lastTransitionTime"] == "t1"  # False both times
+    assert second["revisions"][0]["state"] == "Ready" and second["usedBytes"] == 5

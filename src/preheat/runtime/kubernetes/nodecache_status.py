@@ -150,7 +150,7 @@ def nodecache_status(
     ]
     revisions += [
         {
-            "revision": p.revision,
+            "revision": redact_url(p.revision),
             "source": redact_url(p.source),
             "bytes": p.bytes_done,
             "state": p.state,
@@ -205,6 +205,8 @@ def nodecache_status(
         "revisionCount": len(held),
         "revisions": revisions,
         "evictionOrder": list(eviction_order),
-        "lastFailure": None if last_failure is None else dict(last_failure),
+        "lastFailure": None
+        if last_failure is None
+        else {k: redact_url(v) if isinstance(v, str) else v for k, v in last_failure.items()},
         "conditions": conditions,
     }
