@@ -437,3 +437,34 @@ def test_status_conditions_keep_transition_times_and_redact() -> None:
     assert conds2["Ready"]["status"] == "True" and conds2["Ready"]["lastTransitionTime"] == "t2"
     assert conds2["Progressing"]["lastTransitionTime"] == "t1"  # False both times
     assert second["revisions"][0]["state"] == "Ready" and second["usedBytes"] == 5
+
+
+def test_slow_fill_reports_filling_while_the_loop_keeps_reconciling(
+    kube: KubeCluster, agents: dict[str, Agent], tmp_path: Path
+) -> None:
+    """While a rate-limited fill runs, node-c's NodeCache shows it Filling with Progressing
+    True, and the agent keeps reconciling and serving (the fill does not block the loop)."""
+    generate_model(tmp_path / "slow", MODEL_BYTES, shards=2, seed=11)
+    write_http_manifest(tmp_path / "slow")
+    agent = agents["node-c"]
+    with nginx_origin(tmp_path, limit_rate=200_000) as origin:
+        url = origin.url("slow/preheat-manifest.json")
+        revision, manifest = NodeStore(tmp_path / "probe").resolve(url)
+        _create_cache(kube, "slow", url, revision, ["node-c"])
+
+        def filling() -> dict[str, Any] | None:
+            status = _nodecache(kube, "node-c").get("status") or {}
+            revs = [r for r in status.get("revisions") or () if r["revision"] == revision]
+            return status if revs and revs[0]["state"] == "Filling" else None
+
+        status = _until("Filling reported", filling)
+        conds = {c["type"]: c["status"] for c in status["conditions"]}
+        assert conds["Progressing"] == "True" and conds["Ready"] == "False"
+        start = agent.metric("preheat_agent_reconciles_total")
+        _until("loop runs during the fill",
+               lambda: agent.metric("preheat_agent_reconciles_total") >= start + 2)  # fmt: skip
+        assert not NodeStore(agent.store).has(revision)  # still filling meanwhile
+        _until("slow revision Ready", lambda: _ready_revision(kube, "node-c", revision), 60)
+    status = _nodecache(kube, "node-c")["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Progressing"] == "False"
+    assert NodeStore(agent.store).has(manifest.digest)
