@@ -221,13 +221,13 @@ def agents(
 
 
 def _create_cache(
-    kube: KubeCluster, name: str, source: str, revision: str, nodes: list[str]
+    kube: KubeCluster, name: str, source: str, revision: str, nodes: list[str], **extra: Any
 ) -> None:
     body = {
         "apiVersion": "preheat.dev/v1alpha1",
         "kind": "ModelDataCache",
         "metadata": {"name": name},
-        "spec": {"source": source, "revision": revision, "nodes": {"names": nodes}},
+        "spec": {"source": source, "revision": revision, "nodes": {"names": nodes}, **extra},
     }
     kube.rest().must("POST", MDC, body)
 
@@ -443,14 +443,15 @@ def test_slow_fill_reports_filling_while_the_loop_keeps_reconciling(
     kube: KubeCluster, agents: dict[str, Agent], tmp_path: Path
 ) -> None:
     """While a rate-limited fill runs, node-c's NodeCache shows it Filling with Progressing
-    True, and the agent keeps reconciling and serving (the fill does not block the loop)."""
+    True, and the agent keeps reconciling and serving (the fill does not block the loop);
+    once held, the cache's pin and priority are applied to the store."""
     generate_model(tmp_path / "slow", MODEL_BYTES, shards=2, seed=11)
     write_http_manifest(tmp_path / "slow")
     agent = agents["node-c"]
     with nginx_origin(tmp_path, limit_rate=200_000) as origin:
         url = origin.url("slow/preheat-manifest.json")
         revision, manifest = NodeStore(tmp_path / "probe").resolve(url)
-        _create_cache(kube, "slow", url, revision, ["node-c"])
+        _create_cache(kube, "slow", url, revision, ["node-c"], pin=True, priority=3)
 
         def filling() -> dict[str, Any] | None:
             status = _nodecache(kube, "node-c").get("status") or {}
@@ -468,3 +469,22 @@ def test_slow_fill_reports_filling_while_the_loop_keeps_reconciling(
     status = _nodecache(kube, "node-c")["status"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Progressing"] == "False"
     assert NodeStore(agent.store).has(manifest.digest)
+    # The cache's pin and priority reach the store; a pinned snapshot is never a candidate.
+    info = _until(
+        "pinned",
+        lambda: [
+            i
+            for i in NodeStore(agent.store).snapshots()
+            if i.digest == manifest.digest and i.pinned
+        ],
+    )[0]
+    assert info.priority == 3
+
+    def pinned_in_status() -> dict[str, Any] | None:
+        st: dict[str, Any] = _nodecache(kube, "node-c")["status"]
+        mine = [r for r in st["revisions"] if r["revision"] == revision]
+        ok = manifest.digest not in st["evictionOrder"] and mine and mine[0].get("pinned")
+        return st if ok else None
+
+    status = _until("pin in status", pinned_in_status)
+    assert status["evictionOrder"]  # the unpinned revision from the guarded cache is one

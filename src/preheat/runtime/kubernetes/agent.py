@@ -300,18 +300,45 @@ class NodeAgent:
 
     # --- warming ------------------------------------------------------------------------
 
-    def _wanted(self) -> dict[str, tuple[str, str | None]]:
-        """key -> (source, revision) of every ModelDataCache targeting this node."""
+    def _targeting(self) -> list[dict[str, Any]]:
+        """The specs of every ModelDataCache targeting this node."""
         with self.view.lock:
             caches = list(self.view.caches.values())
+        specs = [o.get("spec") or {} for o in caches]
+        return [
+            s
+            for s in specs
+            if s.get("source") and targets_node(s, self.cfg.node, self._node_labels)
+        ]
+
+    def _wanted(self) -> dict[str, tuple[str, str | None]]:
+        """key -> (source, revision) of every ModelDataCache targeting this node."""
         out: dict[str, tuple[str, str | None]] = {}
-        for o in caches:
-            spec = o.get("spec") or {}
-            if not spec.get("source") or not targets_node(spec, self.cfg.node, self._node_labels):
-                continue
+        for spec in self._targeting():
             rev = spec.get("revision") or None
             out[rev or spec["source"]] = (spec["source"], rev)
         return out
+
+    def _apply_policies(self) -> None:
+        """Pin a held snapshot while a targeting cache says ``pin``, give it the highest
+        ``priority`` any of them asks for; a snapshot no cache wants is unpinned, priority 0
+        (the agent owns the store in Kubernetes mode)."""
+        pin: dict[str, bool] = {}
+        prio: dict[str, int] = {}
+        for spec in self._targeting():
+            rev = spec.get("revision") or self._resolved.get(spec["source"])
+            if rev is None:
+                continue
+            pin[rev] = pin.get(rev, False) or bool(spec.get("pin"))
+            prio[rev] = max(prio.get(rev, 0), int(spec.get("priority") or 0))
+        for info in self.store.snapshots():
+            keys = [*info.revisions, info.digest]
+            want_pin = any(pin.get(k, False) for k in keys)
+            want_prio = max((prio.get(k, 0) for k in keys), default=0)
+            if info.pinned != want_pin:
+                (self.store.pin if want_pin else self.store.unpin)(info.digest)
+            if info.priority != want_prio:
+                self.store.set_priority(info.digest, want_prio)
 
     def _held(self, key: str) -> bool:
         try:
@@ -550,6 +577,7 @@ class NodeAgent:
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("node", self._refresh_node),
             ("leases", self._reconcile_leases),
+            ("policies", self._apply_policies),
             ("labels", self._label_node),
             ("status", self._write_status),
         ]
