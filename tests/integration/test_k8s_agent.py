@@ -314,12 +314,19 @@ def test_pod_with_snapshot_annotation_is_leased_until_deleted(
 def test_restarted_agent_fetches_nothing_and_writes_no_status(
     kube: KubeCluster, agents: dict[str, Agent], model: Model
 ) -> None:
-    """A SIGKILLed agent restarted on its store re-lists, fetches 0 bytes, keeps Ready and
-    leaves the unchanged NodeCache status alone (same resourceVersion)."""
+    """A settled agent writes no status; SIGKILLed and restarted on its store it re-lists,
+    fetches 0 bytes, keeps Ready and leaves the unchanged NodeCache alone (same
+    resourceVersion)."""
     agent = agents["node-b"]
     _until("node-b Ready", lambda: _ready_revision(kube, "node-b", model.revision))
-    # Let the agent settle so its last status write is behind us.
-    _until("node-b settled", lambda: agent.metric("preheat_agent_reconciles_total") >= 3)
+    # In steady state three more reconcile passes write no status (no churn).
+    writes, passes = (
+        agent.metric(f"preheat_agent_{m}_total") for m in ("status_writes", "reconciles")
+    )
+    _until(
+        "node-b reconciles", lambda: agent.metric("preheat_agent_reconciles_total") >= passes + 3
+    )
+    assert agent.metric("preheat_agent_status_writes_total") == writes
     blobs = {p: p.stat().st_mtime_ns for p in (agent.store / "blobs").rglob("*") if p.is_file()}
     agent.kill()
     before = _nodecache(kube, "node-b")
