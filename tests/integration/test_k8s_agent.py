@@ -362,6 +362,8 @@ def test_failed_origin_with_credentials_is_redacted_then_retried(
     assert conds["Degraded"] == "True" and conds["Ready"] == "False"
     assert any(r["state"] == "Failed" for r in status["revisions"])
     assert "pw" not in agents["node-c"].get("/inventory").replace("preheat", "")
+    assert ":pw@" not in agents["node-c"].get("/metrics")
+    assert ":pw@" not in agents["node-c"].log.read_text()  # the agent's own log lines
     with nginx_origin(model.root, port=port):
         _until("retried after the origin came up",
                lambda: _ready_revision(kube, "node-c", model.revision), timeout=45)  # fmt: skip
