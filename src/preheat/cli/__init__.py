@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "demo": "preheat.cli.demo:demo",
     "report": "preheat.cli.report:report",
     "k8s": "preheat.cli.k8s:k8s",
+    "agent": "preheat.cli.agent:agent",
 }
 
 

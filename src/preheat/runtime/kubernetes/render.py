@@ -83,7 +83,7 @@ AGENT_RULES: tuple[Rule, ...] = (
     _rule([GROUP], ["nodecaches/status"], _STATUS),
     _rule([GROUP], ["modeldatacaches", "modelimagecaches"], _READ),
     _rule([""], ["pods"], _READ),
-    _rule([""], ["nodes"], ["get"]),
+    _rule([""], ["nodes"], ["get", "patch"]),  # patch: its own Node's revision labels
     _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
 )
 
