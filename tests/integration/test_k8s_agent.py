@@ -34,10 +34,11 @@ from preheat.runtime.kubernetes.nodecache_status import (
     targets_node,
 )
 from preheat.runtime.kubernetes.render import system_manifests
+from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
 from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
 from preheat.testing.origins import HttpOrigin, nginx_origin
-from preheat.testing.procs import free_port, stop_process
+from preheat.testing.procs import Process, free_port
 
 pytestmark = pytest.mark.kubernetes
 
@@ -133,7 +134,7 @@ class Agent:
     def __init__(self, node: str, store: Path, kubeconfig: Path, log: Path) -> None:
         self.node, self.store, self.kubeconfig, self.log = node, store, kubeconfig, log
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
 
     def start(self) -> None:
         exe = Path(sys.executable).parent / "preheat"
@@ -143,20 +144,16 @@ class Agent:
             "--resync", "1", "--backoff", "0.3",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=env,
-            )  # fmt: skip
+        self.proc = start_process(argv, self.log, env=env, inherit_env=False)
         _until(f"agent {self.node} serving", lambda: self.get("/inventory"))
 
     def kill(self) -> None:
         if self.proc is not None:
-            stop_process(self.proc, grace_s=0.1, sig=signal.SIGKILL)
+            self.proc.stop(0.1, sig=signal.SIGKILL)
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop_process(self.proc, grace_s=10)
+            self.proc.stop(10)
 
     def get(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:

@@ -34,8 +34,9 @@ from preheat.runtime.kubernetes.discovery import (
 )
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import load_endpoint_file
+from preheat.runtime.procs import start_process
 from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
-from preheat.testing.procs import free_port, stop_process
+from preheat.testing.procs import Process, free_port
 from tests.integration.test_k8s_cluster import _engine_deployment
 
 pytestmark = pytest.mark.kubernetes
@@ -107,7 +108,7 @@ def _ready_pod_urls(kube: KubeCluster) -> set[str]:
 class RouterProc:
     """The `preheat router serve --kubernetes` child and a client for it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(self, proc: Process, port: int, log: Path) -> None:
         self.proc, self.port, self.log = proc, port, log
         self.url = f"http://127.0.0.1:{port}"
 
@@ -162,33 +163,32 @@ def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "PREHEAT_ADMIN_TOKEN": TOKEN,
         "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes",
     }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "preheat"),
-                "router",
-                "serve",
-                "--kubernetes",
-                "--endpoint",
-                "chat",
-                "--namespace",
-                "default",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--port",
-                str(port),
-                "--health-interval",
-                "0.5",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    proc = start_process(
+        [
+            str(Path(sys.executable).parent / "preheat"),
+            "router",
+            "serve",
+            "--kubernetes",
+            "--endpoint",
+            "chat",
+            "--namespace",
+            "default",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--port",
+            str(port),
+            "--health-interval",
+            "0.5",
+        ],
+        log,
+        env=env,
+        inherit_env=False,
+    )
     rp = RouterProc(proc, port, log)
     try:
 
         def up() -> bool:
-            assert proc.poll() is None, log.read_text()
+            assert proc.running, log.read_text()
             try:
                 return set(rp.instances()) == _ready_pod_urls(kube)
             except OSError:
@@ -197,7 +197,7 @@ def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         kube.wait_for("the router lists both pods", up, timeout=30)
         yield rp
     finally:
-        stop_process(proc)
+        proc.stop()
         kube.kubectl("delete", "deployment/chat", f"service/{SERVICE}", "--wait=false")
 
 
@@ -266,7 +266,7 @@ def test_routing_spec_change_applies_live(kube: KubeCluster, router: RouterProc)
     assert set(router.instances()) == pods and router.proc.pid == pid
     main = _set_routing(kube, router, strategy="random")
     assert router.complete("after the switch")[0] == 200
-    assert router.proc.poll() is None
+    assert router.proc.running
     # A status-only update (what the operator writes) is not a routing change: the watch
     # delivers it before the next spec change, and only the spec change is applied.
     applied = router.log.read_text().count("routing from InferenceEndpoint")
