@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -36,7 +35,13 @@ from preheat.runtime.kubernetes.nodecache_status import (
 from preheat.runtime.kubernetes.render import system_manifests
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
-from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
+from preheat.testing.kube import (
+    KubeCluster,
+    KubeUnavailable,
+    find_kube_bin,
+    kube_cluster,
+    write_kubeconfig,
+)
 from preheat.testing.origins import HttpOrigin, nginx_origin
 from preheat.testing.procs import Process, free_port
 
@@ -47,13 +52,6 @@ NC = "/apis/preheat.dev/v1alpha1/nodecaches"
 MDC = "/apis/preheat.dev/v1alpha1/namespaces/default/modeldatacaches"
 MODEL_BYTES = 3_000_000
 T = TypeVar("T")
-
-
-def _preheat(*args: str) -> str:
-    exe = Path(sys.executable).parent / "preheat"
-    return subprocess.run(
-        [str(exe), *args], check=True, capture_output=True, text=True, timeout=60
-    ).stdout
 
 
 def _until(what: str, fn: Callable[[], T | None], timeout: float = 30.0) -> T:
@@ -72,22 +70,18 @@ def _until(what: str, fn: Callable[[], T | None], timeout: float = 30.0) -> T:
     raise AssertionError(f"{what}: not within {timeout:g} s (last: {last})")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """A control plane with three stand-in nodes, the CRDs and the rendered agent RBAC."""
+    """A control plane with three stand-in nodes, the CRDs and the rendered agent RBAC
+    (module-scoped: stopped when this module ends)."""
     try:
         bin_dir = find_kube_bin()
     except KubeUnavailable as exc:
         pytest.skip(str(exc))
-    cluster = KubeCluster.start(tmp_path_factory.mktemp("kube-agent"), bin_dir=bin_dir)
-    try:
-        for name in NODES:
-            cluster.add_node(name, labels={"pool": "gpu"} if name != "node-c" else {})
-        cluster.kubectl("apply", "-f", "-", input=_preheat("k8s", "render", "--crds"))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=30s",
-            "crd/modeldatacaches.preheat.dev", "crd/nodecaches.preheat.dev",
-        )  # fmt: skip
+    nodes = {name: ({"pool": "gpu"} if name != "node-c" else {}) for name in NODES}
+    with kube_cluster(
+        tmp_path_factory.mktemp("kube-agent"), nodes=nodes, crds=True, bin_dir=bin_dir
+    ) as cluster:
         rbac = [
             m
             for m in system_manifests()
@@ -99,8 +93,6 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
         ]
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @dataclass

@@ -29,7 +29,7 @@ from preheat.runtime.kubernetes.render import (
     system_manifests,
 )
 from preheat.runtime.kubernetes.resources import endpoint_from_object, load_endpoint_file
-from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin
+from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, kube_cluster
 
 pytestmark = pytest.mark.kubernetes
 
@@ -45,20 +45,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
         bin_dir = find_kube_bin()
     except KubeUnavailable as exc:
         pytest.skip(str(exc))
-    cluster = KubeCluster.start(tmp_path_factory.mktemp("kube"), bin_dir=bin_dir)
-    try:
-        for name, labels in NODES.items():
-            cluster.add_node(name, labels=labels)
-        crds = _preheat("k8s", "render", "--crds")
-        cluster.kubectl("apply", "-f", "-", input=crds)
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=30s",
-            "crd/inferenceendpoints.preheat.dev", "crd/modeldatacaches.preheat.dev",
-            "crd/modelimagecaches.preheat.dev", "crd/nodecaches.preheat.dev",
-        )  # fmt: skip
+    with kube_cluster(
+        tmp_path_factory.mktemp("kube"), nodes=NODES, crds=True, bin_dir=bin_dir
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def _preheat(*args: str) -> str:

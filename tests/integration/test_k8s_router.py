@@ -35,7 +35,13 @@ from preheat.runtime.kubernetes.discovery import (
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process
-from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, write_kubeconfig
+from preheat.testing.kube import (
+    KubeCluster,
+    KubeUnavailable,
+    find_kube_bin,
+    kube_cluster,
+    write_kubeconfig,
+)
 from preheat.testing.procs import Process, free_port
 from tests.integration.test_k8s_cluster import _engine_deployment
 
@@ -57,19 +63,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
         bin_dir = find_kube_bin()
     except KubeUnavailable as exc:
         pytest.skip(str(exc))
-    cluster = KubeCluster.start(tmp_path_factory.mktemp("kube"), bin_dir=bin_dir)
-    try:
-        for name, labels in NODES.items():
-            cluster.add_node(name, labels=labels)
-        crds = _preheat("k8s", "render", "--crds").stdout
-        cluster.kubectl("apply", "-f", "-", input=crds)
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=30s",
-            "crd/inferenceendpoints.preheat.dev",
-        )  # fmt: skip
+    with kube_cluster(
+        tmp_path_factory.mktemp("kube"), nodes=NODES, crds=True, bin_dir=bin_dir
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def _preheat(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:

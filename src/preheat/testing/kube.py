@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from preheat.runtime.kubernetes.crds import custom_resource_definitions
 from preheat.runtime.procs import start_process
 from preheat.testing.procs import Process, free_port
 
@@ -436,6 +437,14 @@ class KubeCluster:
 
     # --- clients ----------------------------------------------------------------------
 
+    def install_crds(self, timeout: float = 30.0) -> None:
+        """Apply preheat's CRDs (as ``preheat k8s render --crds`` prints them) and wait
+        until the API server serves every one of them."""
+        crds = custom_resource_definitions()
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(crds))
+        names = [f"crd/{c['metadata']['name']}" for c in crds]
+        self.kubectl("wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", *names)
+
     def rest(self, token: str | None = None) -> Rest:
         """A JSON client acting as admin, or as the holder of ``token``."""
         return Rest(self.server, token or self.admin_token, self.ca_file)
@@ -547,10 +556,22 @@ class KubeCluster:
 
 
 @contextlib.contextmanager
-def kube_cluster(root: Path, **kw: Any) -> Iterator[KubeCluster]:
-    """Start a cluster under ``root`` and stop it (by PID) when the block ends."""
+def kube_cluster(
+    root: Path,
+    *,
+    nodes: Mapping[str, Mapping[str, str]] | None = None,
+    crds: bool = False,
+    **kw: Any,
+) -> Iterator[KubeCluster]:
+    """Start a cluster under ``root`` (with ``nodes``: name -> labels, each run by a kubelet
+    stand-in, and preheat's CRDs installed when ``crds``) and stop it (by PID) when the
+    block ends."""
     cluster = KubeCluster.start(root, **kw)
     try:
+        for name, labels in (nodes or {}).items():
+            cluster.add_node(name, labels=labels)
+        if crds:
+            cluster.install_crds()
         yield cluster
     finally:
         cluster.stop()
