@@ -14,10 +14,9 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -26,7 +25,7 @@ from preheat.artifacts.refs import parse_ref
 from preheat.errors import OriginChanged
 from preheat.sources.base import Location, Source, open_source
 from preheat.store import NodeStore
-from preheat.testing.origins import S3Origin, free_port, nginx_origin, s3_origin
+from preheat.testing.origins import AppInThread, S3Origin, nginx_origin, s3_origin
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -115,38 +114,6 @@ def test_http_file_replaced_mid_fill_is_refused(tmp_path: Path, path: str) -> No
 # --- HTTP: an origin that ignores If-Match ---------------------------------------------------
 
 
-class AppInThread:
-    """Serve every method and path with ``handle`` (aiohttp) on 127.0.0.1, in a thread."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_route("*", "/{path:.*}", self._handle)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-
 class CarelessOrigin(AppInThread):
     """A file server that ignores every conditional header.
 
@@ -154,7 +121,7 @@ class CarelessOrigin(AppInThread):
     and the whole body (what an ``If-Range`` request gets once the file changed)."""
 
     def __init__(self, root: Path, *, whole: bool = False) -> None:
-        super().__init__()
+        super().__init__(self._handle)
         self.root = root
         self.whole = whole
 

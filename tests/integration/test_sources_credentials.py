@@ -21,8 +21,7 @@ from aiohttp import web
 
 from preheat.errors import ObjectNotFound, OriginUnavailable
 from preheat.store import NodeStore
-from preheat.testing.origins import free_port, nginx_origin
-from tests.integration.test_sources_conditional import AppInThread
+from preheat.testing.origins import AppInThread, free_port, nginx_origin
 
 PREHEAT = str(Path(sys.executable).with_name("preheat"))
 SECRETS = ("pw", "secret")
@@ -86,7 +85,7 @@ class BasicAuthOrigin(AppInThread):
     """A file server that answers 401 without ``user:pw``."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__()
+        super().__init__(self._handle)
         self.root = root
         self.denied = 0
 

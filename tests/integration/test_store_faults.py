@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -10,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,24 +18,21 @@ from aiohttp import web
 
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.store import NodeStore
-from preheat.testing.origins import free_port, nginx_origin
+from preheat.testing.origins import AppInThread, nginx_origin
 
 MiB = 1 << 20
 PREHEAT = [str(Path(sys.executable).with_name("preheat"))]
 
 
-class FlakyOrigin:
+class FlakyOrigin(AppInThread):
     """An aiohttp file server on 127.0.0.1: answers 503 to the first ranged GET of each
     file and cuts the connection halfway through the second."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__(self._handle)
         self.root = root
-        self.port = free_port()
         self.requests: list[tuple[str, str]] = []
         self._seen: dict[str, int] = {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["path"]
@@ -65,25 +60,6 @@ class FlakyOrigin:
             return resp
         await resp.write(data[start:end])
         return resp
-
-    def __enter__(self) -> FlakyOrigin:
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_get("/{path:.*}", self._handle)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 @pytest.fixture(scope="module")

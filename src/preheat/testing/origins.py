@@ -13,16 +13,20 @@ the server they started by its PID on exit::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from aiohttp import web
 
 from .procs import free_port, start_server
 
@@ -185,3 +189,36 @@ def s3_origin(port: int | None = None) -> Iterator[S3Origin]:
                 proc.stdin.close()
         if proc.wait(5) is None:
             proc.stop()
+
+
+class AppInThread:
+    """Serve every method and path with ``handler`` (aiohttp) on 127.0.0.1, on an event loop
+    in a thread of its own: the base of test origins that misbehave on purpose (ignore
+    conditional headers, fail the first range, demand Basic auth). Use as a context
+    manager; ``port`` is chosen at construction."""
+
+    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+        self.port = free_port()
+        self._handler = handler
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def __enter__(self) -> Self:
+        async def start() -> None:
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", self._handler)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
