@@ -397,7 +397,10 @@ class _Hub:
         if not good or float(expires) < time.time() or not path.is_file():
             self.log("storage", request, 403, 0)
             return web.Response(status=403, text="AccessDenied: Request has expired")
-        self.log("storage", request, 200, path.stat().st_size)
+        size = path.stat().st_size
+        a, _, b = request.headers.get("Range", "bytes=-").removeprefix("bytes=").partition("-")
+        sent = (min(size, int(b) + 1) if b else size) - (int(a) if a else 0)
+        self.log("storage", request, 206 if a or b else 200, sent if a else size)
         return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
 
