@@ -174,3 +174,23 @@ def test_cli_pull_with_include_and_json(
     result = json.loads(out.stdout)
     assert result["revision"].startswith(f"hf:{shas['v1']}+")
     assert _files(Path(result["snapshot"])) == {"config.json": V1["config.json"]}
+
+
+async def test_local_fleet_warms_nodes_from_an_hf_source(
+    hub: tuple[HubServer, HubRepos, dict], endpoint: str, tmp_path: Path
+) -> None:
+    """An endpoint spec with an hf:// source pins the commit, warms both nodes from the Hub and serves."""
+    from preheat.runtime.local import LocalFleet
+    from preheat.testing.fleet import cluster_spec, endpoint_spec, run_load
+
+    _, _, shas = hub
+    spec = endpoint_spec("chat", "hf://acme/tiny@v1.0", replicas=2, cache={"enabled": True})
+    cluster = cluster_spec(tmp_path, ["a", "b"], slots=1)
+    async with LocalFleet(spec, cluster, tmp_path / "state") as fleet:
+        await fleet.wait_until(lambda f: f.ready_count() == 2, 60, "two replicas")
+        assert fleet.status()["variants"][0]["revision"] == f"hf:{shas['v1']}"
+        load = await run_load(fleet.router.url, requests=4, concurrency=2)
+        assert load.failed == 0
+    for node in ("a", "b"):
+        snap = NodeStore(tmp_path / "nodes" / node).snapshot_path(f"hf:{shas['v1']}")
+        assert _files(snap) == V1
