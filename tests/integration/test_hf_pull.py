@@ -194,3 +194,20 @@ async def test_local_fleet_warms_nodes_from_an_hf_source(
     for node in ("a", "b"):
         snap = NodeStore(tmp_path / "nodes" / node).snapshot_path(f"hf:{shas['v1']}")
         assert _files(snap) == V1
+
+
+def test_an_expired_storage_url_is_resolved_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signed storage URLs that expire mid-pull (403) are fetched again through /resolve, and the pull completes."""
+    repos = HubRepos(tmp_path / "hub")
+    repos.commit("acme/slow", {"w.safetensors": SHARD1})
+    with hub_server(repos.root, url_ttl=1.0) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        store = NodeStore(tmp_path / "store", fsync=False)
+        res = store.pull("hf://acme/slow", chunk=256 << 10, rate_limit=1_000_000, connections=2)
+        assert (res.snapshot / "w.safetensors").read_bytes() == SHARD1
+        statuses = [r[2] for r in server.requests("storage") if r[0] == "GET"]
+        resolves = [p for m, p, *_ in server.requests() if m == "HEAD" and "/resolve/" in p]
+    assert 403 in statuses and len(resolves) >= 2
