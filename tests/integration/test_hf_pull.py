@@ -201,13 +201,14 @@ def test_an_expired_storage_url_is_resolved_again(
 ) -> None:
     """Signed storage URLs that expire mid-pull (403) are fetched again through /resolve, and the pull completes."""
     repos = HubRepos(tmp_path / "hub")
-    repos.commit("acme/slow", {"w.safetensors": SHARD1})
+    payload = SHARD1[:2_000_000]  # the first 1 MiB passes as the rate limiter's burst
+    repos.commit("acme/slow", {"w.safetensors": payload})
     with hub_server(repos.root, url_ttl=1.0) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         monkeypatch.delenv("HF_TOKEN", raising=False)
         store = NodeStore(tmp_path / "store", fsync=False)
-        res = store.pull("hf://acme/slow", chunk=256 << 10, rate_limit=1_000_000, connections=2)
-        assert (res.snapshot / "w.safetensors").read_bytes() == SHARD1
+        res = store.pull("hf://acme/slow", chunk=128 << 10, rate_limit=500_000, connections=2)
+        assert (res.snapshot / "w.safetensors").read_bytes() == payload
         statuses = [r[2] for r in server.requests("storage") if r[0] == "GET"]
         resolves = [p for m, p, *_ in server.requests() if m == "HEAD" and "/resolve/" in p]
     assert 403 in statuses and len(resolves) >= 2
