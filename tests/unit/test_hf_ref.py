@@ -99,3 +99,20 @@ def test_error_codes_map_to_errors_with_fixes() -> None:
         hub_error(404, {"X-Error-Code": "EntryNotFound"}, token=tok, **kw), ObjectNotFound
     )
     assert isinstance(hub_error(503, {}, token=tok, **kw), OriginUnavailable)
+
+
+def test_endpoint_url_applies_to_hf_and_filters_only_to_hf(tmp_path: Path) -> None:
+    """--endpoint-url picks the Hub for hf://; --include on a non-hf source is refused with the reason."""
+    from click.testing import CliRunner
+
+    from preheat.cli.cache import cache
+    from preheat.sources.base import open_source
+
+    src = open_source("hf://acme/tiny", endpoint_url="http://127.0.0.1:9/")
+    assert src.endpoint == "http://127.0.0.1:9"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="only applies to s3:// and hf://"):
+        open_source("file:///tmp", endpoint_url="http://x")
+    out = CliRunner().invoke(
+        cache, ["pull", "file:///tmp", "--store", str(tmp_path), "--include", "*.json"]
+    )
+    assert out.exit_code == 1 and "only apply to hf:// sources" in out.output
