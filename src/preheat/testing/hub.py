@@ -33,7 +33,6 @@ auth`` (``auth`` is ``token`` or ``-``, never the token) so tests can count what
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -463,21 +462,9 @@ def hub_server(
     storage = free_port()
 
     def argv(p: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "preheat.testing.hub",
-            "--root",
-            str(root),
-            "--port",
-            str(p),
-            "--storage-port",
-            str(storage),
-            "--page-size",
-            str(page_size),
-            "--url-ttl",
-            str(url_ttl),
-        ]
+        opts = {"root": str(root), "port": p, "storage_port": storage}
+        opts.update(page_size=page_size, url_ttl=url_ttl)
+        return [sys.executable, "-m", "preheat.testing.hub", json.dumps(opts)]
 
     proc, port = start_server(argv, log=root / "server.log", timeout=30, what="test Hub")
     try:
@@ -486,12 +473,6 @@ def hub_server(
         proc.stop(5)
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="A Hugging Face Hub-compatible test server")
-    ap.add_argument("--root", type=Path, required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--storage-port", type=int, required=True)
-    ap.add_argument("--page-size", type=int, default=1000)
-    ap.add_argument("--url-ttl", type=float, default=3600.0)
-    a = ap.parse_args()
-    serve(a.root, a.port, a.storage_port, a.page_size, a.url_ttl)
+if __name__ == "__main__":  # one JSON argument: serve()'s keywords
+    opts = json.loads(sys.argv[1])
+    serve(Path(opts.pop("root")), **opts)
