@@ -8,13 +8,17 @@
     │   ├── InsufficientSpace(CacheError, OSError)   not enough room even after eviction
     │   ├── SnapshotNotFound(CacheError, KeyError)
     │   ├── SnapshotInUse(CacheError)                leased: cannot be deleted
-    │   └── RevisionChanged(CacheError)              ref moved away from a pinned revision
+    │   ├── RevisionChanged(CacheError)              ref moved away from a pinned revision
+    │   └── GitBlobMismatch(DigestMismatch)          hf:// git file differs from its blob id
     ├── FetchError                                   talking to an origin
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
     │   ├── TruncatedBody(FetchError, IOError)
     │   ├── RangeNotSupported(FetchError)            origin ignores Range: one stream per file
-    │   └── OriginChanged(FetchError)                bytes changed at the origin mid-fill
+    │   ├── OriginChanged(FetchError)                bytes changed at the origin mid-fill
+    │   ├── HubRepoNotFound(ObjectNotFound)          hf://: no such repo (or private, no access)
+    │   ├── HubRevisionNotFound(ObjectNotFound)      hf://: no such branch, tag or commit
+    │   └── HubAccessDenied(FetchError, PermissionError)  hf://: gated, or the token is invalid
     ├── EngineError                                  simulated engine
     │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
     │   └── EngineUnavailable(EngineError, ConnectionError)
@@ -86,6 +90,20 @@ class RevisionChanged(CacheError):
     """The ref no longer resolves to the revision the caller pinned (nothing was fetched)."""
 
 
+class GitBlobMismatch(DigestMismatch):
+    """A Hub file without LFS does not hash to the git blob id the Hub listed for it."""
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        CacheError.__init__(
+            self,
+            f"git blob id mismatch for {path!r}: the Hub lists {expected}, the bytes fetched "
+            f"hash to {actual}; nothing of it was published",
+        )
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
 # --- origins ----------------------------------------------------------------------------
 
 
@@ -114,6 +132,21 @@ class OriginChanged(FetchError):
     """A file changed at the origin after ``resolve`` saw it (another ETag, version,
     inode, size or mtime), so its ranges would mix old and new bytes; nothing of it is
     published and a later pull resolves the new revision. Not retried."""
+
+
+# hf:// (the Hugging Face Hub source), mapped from the Hub's X-Error-Code header
+
+
+class HubRepoNotFound(ObjectNotFound):
+    """The Hub has no such repo, or it is private and the token (if any) may not read it."""
+
+
+class HubRevisionNotFound(ObjectNotFound):
+    """The repo has no such branch, tag or commit."""
+
+
+class HubAccessDenied(FetchError, PermissionError):
+    """A gated repo without a granted token, or a token the Hub refuses as invalid."""
 
 
 # --- engine -----------------------------------------------------------------------------

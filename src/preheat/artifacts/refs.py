@@ -6,6 +6,8 @@ Supported schemes::
     http(s)://host/.../preheat-manifest.json   a JSON manifest naming files relative to it
     http(s)://host/.../file.bin    a single file
     s3://bucket/prefix             every object under the prefix
+    hf://ORG/NAME[@REVISION]       a Hugging Face Hub model at a branch, tag or commit
+                                   (default main); ``#include=GLOB&exclude=GLOB`` filters
 
 A ref is mutable (the bytes behind it can change); ``pull`` resolves it to an immutable
 ``Revision`` every time, and the store is keyed by what it resolved to.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from preheat.errors import ConfigError
 
-SCHEMES = ("file", "http", "https", "s3")
+SCHEMES = ("file", "http", "https", "s3", "hf")
 MANIFEST_NAME = "preheat-manifest.json"
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<path>[^?#]*)")
 
@@ -109,8 +111,11 @@ def parse_ref(text: str) -> ArtifactRef:
     if m is None or scheme not in SCHEMES:
         raise ConfigError(
             f"artifact ref {text!r} has unsupported scheme {raw_scheme!r}; use one of "
-            "file:///abs/dir, https://host/path/preheat-manifest.json, s3://bucket/prefix"
+            "file:///abs/dir, https://host/path/preheat-manifest.json, s3://bucket/prefix, "
+            "hf://ORG/NAME[@REVISION]"
         )
+    if scheme == "hf":
+        return _parse_hf(text)
     netloc, path = m.group("netloc"), m.group("path")
     if scheme == "file":
         if netloc not in ("", "localhost"):
@@ -139,3 +144,51 @@ def parse_ref(text: str) -> ArtifactRef:
         )
     prefix = path.lstrip("/")
     return ArtifactRef(text=text, scheme="s3", bucket=bucket, location=prefix)
+
+
+# --- hf:// -------------------------------------------------------------------------------
+
+_HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_HF_KEYS = ("include", "exclude")
+
+
+def _parse_hf(text: str) -> ArtifactRef:
+    """``hf://ORG/NAME[@REVISION][#include=GLOB&exclude=GLOB...]``: ``bucket`` is the repo id,
+    ``location`` the revision (``main`` by default)."""
+    body, _, fragment = text[len("hf://") :].partition("#")
+    repo, at, revision = body.partition("@")
+    parts = repo.split("/")
+    if (
+        len(parts) != 2
+        or not all(_HF_PART.match(p) for p in parts)
+        or any(s in repo for s in ("--", ".."))
+        or len(repo) > 96
+    ):
+        raise ConfigError(
+            f"artifact ref {text!r}: {repo!r} is not a Hub repo id; write hf://ORG/NAME, e.g. "
+            "hf://Qwen/Qwen2.5-0.5B-Instruct (a model without an org is under one now, e.g. "
+            "hf://openai-community/gpt2)"
+        )
+    if at and (not revision or any(ord(c) <= 32 for c in revision)):
+        raise ConfigError(
+            f"artifact ref {text!r}: revision {revision!r} is empty or has spaces; write "
+            "hf://ORG/NAME@BRANCH, @TAG or @COMMIT (or leave out @ for main)"
+        )
+    hf_patterns(fragment, text=text)  # validates
+    return ArtifactRef(text=text, scheme="hf", bucket=repo, location=revision or "main")
+
+
+def hf_patterns(fragment: str, *, text: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(include, exclude) glob patterns of an hf:// ref's ``#include=A&exclude=B`` part
+    (values percent-decoded; each key may repeat)."""
+    include: list[str] = []
+    exclude: list[str] = []
+    for item in filter(None, fragment.split("&")):
+        key, eq, value = item.partition("=")
+        if key not in _HF_KEYS or not eq or not value:
+            raise ConfigError(
+                f"artifact ref {text!r}: {item!r} is not a file filter; write "
+                "#include=GLOB&exclude=GLOB (e.g. #include=*.safetensors&include=*.json)"
+            )
+        (include if key == "include" else exclude).append(_unquote(value))
+    return tuple(include), tuple(exclude)

@@ -87,7 +87,21 @@ def cache() -> None:
 @click.option(
     "--endpoint-url",
     default=None,
-    help="S3 API endpoint for s3:// sources (e.g. http://127.0.0.1:9000).",
+    help="S3 API endpoint for s3:// sources (e.g. http://127.0.0.1:9000); the Hub for hf:// "
+    "(default $HF_ENDPOINT, else https://huggingface.co).",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="GLOB",
+    help="hf:// only: pull just the files matching GLOB (repeatable), like "
+    "`huggingface-cli download --include`.",
+)
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="GLOB",
+    help="hf:// only: leave out the files matching GLOB (repeatable); 'dir/' means all under it.",
 )
 @click.option(
     "--connections",
@@ -116,6 +130,8 @@ def pull(
     capacity: str | None,
     high_watermark: float,
     endpoint_url: str | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
     connections: int,
     rate_limit: str | None,
     chunk_size: str,
@@ -129,6 +145,10 @@ def pull(
       https://host/path/preheat-manifest.json  files listed (path, size, sha256) by a manifest
       https://host/path/file.bin               a single file
       s3://bucket/prefix                       every object under the prefix (--endpoint-url)
+      hf://ORG/NAME[@REVISION]                 a Hugging Face Hub model at a branch, tag or
+                                               commit (default main); $HF_ENDPOINT picks a
+                                               mirror, $HF_TOKEN (or `hf auth login`'s token
+                                               file) opens private and gated repos
 
     SOURCE is resolved afresh to an immutable revision; only blobs the store lacks are
     fetched, every byte is checked against its sha256, and the snapshot appears
@@ -139,6 +159,7 @@ def pull(
       preheat cache pull https://models.example/llama/preheat-manifest.json --store /srv/preheat
     """
     with _errors():
+        source = _with_filters(source, include, exclude)
         store = _open(store_dir, capacity, high_watermark)
         rate = float(parse_size(rate_limit, what="--rate-limit")) if rate_limit else None
         kwargs: dict[str, Any] = {
@@ -184,6 +205,28 @@ def pull(
         err=True,
     )
     click.echo(str(result.snapshot))
+
+
+def _with_filters(source: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> str:
+    """``source`` with --include/--exclude written into an hf:// ref's ``#`` filters."""
+    if not include and not exclude:
+        return source
+    if not source.startswith("hf://"):
+        from preheat.errors import ConfigError
+
+        raise ConfigError(
+            f"--include/--exclude only apply to hf:// sources, not {source!r}; for other "
+            "sources publish only the files you want"
+        )
+    from urllib.parse import quote
+
+    items = [
+        f"{k}={quote(v, safe='*?[]!/._-')}"
+        for k, vs in (("include", include), ("exclude", exclude))
+        for v in vs
+    ]
+    head, _, fragment = source.partition("#")
+    return f"{head}#{'&'.join(filter(None, [fragment, *items]))}"
 
 
 @cache.command(name="ls")

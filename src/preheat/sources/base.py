@@ -72,6 +72,10 @@ def source_identity(ref: ArtifactRef, endpoint_url: str | None = None) -> str:
     through. The store keys every resolution by (source identity, revision)."""
     if ref.scheme == "s3":
         return f"{ref.text} @ {endpoint_url or 'aws'}"
+    if ref.scheme == "hf":
+        from preheat.sources.hf_api import hub_endpoint
+
+        return f"{ref.text} @ {hub_endpoint(endpoint_url)}"
     return ref.text
 
 
@@ -91,12 +95,17 @@ def open_source(
     endpoint_url: str | None = None,
     connections: int = 8,
 ) -> Source:
-    """The adapter for a ref's scheme (imports boto3 only for s3://)."""
+    """The adapter for a ref's scheme (imports boto3 only for s3://). ``endpoint_url`` is
+    the S3 API endpoint for s3://, the Hub (instead of ``$HF_ENDPOINT``) for hf://."""
     r = parse_ref(ref) if isinstance(ref, str) else ref
-    if endpoint_url is not None and r.scheme != "s3":
+    if endpoint_url is not None and r.scheme not in ("s3", "hf"):
         raise ConfigError(
-            f"--endpoint-url {endpoint_url!r} only applies to s3:// refs, not {r.text!r}"
+            f"--endpoint-url {endpoint_url!r} only applies to s3:// and hf:// refs, not {r.text!r}"
         )
+    if r.scheme == "hf":
+        from preheat.sources.hf import HfSource
+
+        return HfSource(r, endpoint_url=endpoint_url, connections=connections)
     if r.scheme == "file":
         from preheat.sources.file import FileSource
 
