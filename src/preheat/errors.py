@@ -8,13 +8,20 @@
     │   ├── InsufficientSpace(CacheError, OSError)   not enough room even after eviction
     │   ├── SnapshotNotFound(CacheError, KeyError)
     │   ├── SnapshotInUse(CacheError)                leased: cannot be deleted
-    │   └── RevisionChanged(CacheError)              ref moved away from a pinned revision
+    │   ├── RevisionChanged(CacheError)              ref moved away from a pinned revision
+    │   ├── Revoked(CacheError, PermissionError)     digest/revision on the store's revocation list
+    │   └── ImageInUse(CacheError)                   image referenced by an endpoint: not removed
     ├── FetchError                                   talking to an origin
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
     │   ├── TruncatedBody(FetchError, IOError)
     │   ├── RangeNotSupported(FetchError)            origin ignores Range: one stream per file
-    │   └── OriginChanged(FetchError)                bytes changed at the origin mid-fill
+    │   ├── OriginChanged(FetchError)                bytes changed at the origin mid-fill
+    │   └── RegistryError(FetchError)                OCI registry (images)
+    │       ├── ImageNotFound(RegistryError, FileNotFoundError)  unknown repository/tag/digest
+    │       ├── UnsupportedMediaType(RegistryError, ValueError)  manifest/config/layer type
+    │       ├── ImageDigestMismatch(RegistryError, ValueError)   manifest bytes != digest
+    │       └── RegistryAuthError(RegistryError, PermissionError)
     ├── EngineError                                  simulated engine
     │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
     │   └── EngineUnavailable(EngineError, ConnectionError)
@@ -114,6 +121,38 @@ class OriginChanged(FetchError):
     """A file changed at the origin after ``resolve`` saw it (another ETag, version,
     inode, size or mtime), so its ranges would mix old and new bytes; nothing of it is
     published and a later pull resolves the new revision. Not retried."""
+
+
+# --- images (OCI registries, the node image cache) -------------------------------------
+
+
+class Revoked(CacheError, PermissionError):
+    """The digest or revision is on the store's revocation list: removed, and refused
+    until ``unrevoke``."""
+
+
+class ImageInUse(CacheError):
+    """An image still referenced by an endpoint cannot be removed."""
+
+
+class RegistryError(FetchError):
+    """An OCI registry answered something the image client cannot use."""
+
+
+class ImageNotFound(RegistryError, FileNotFoundError):
+    """The registry does not know the repository, tag or digest."""
+
+
+class UnsupportedMediaType(RegistryError, ValueError):
+    """A manifest, config or layer has a media type preheat does not pull."""
+
+
+class ImageDigestMismatch(RegistryError, ValueError):
+    """A manifest's bytes do not hash to the digest it was asked for (or announced)."""
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    """The registry or its token service refused the credentials."""
 
 
 # --- engine -----------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def _write_layer(root: Path, name: str, size: int, rng: random.Random) -> tuple[
     diff = hashlib.sha256()  # the uncompressed tar's digest: the config's diff_id
     with (
         open(tmp, "wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=0, mtime=0) as f,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=0, mtime=0) as f,
     ):
 
         def put(b: bytes) -> None:
