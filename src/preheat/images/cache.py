@@ -117,6 +117,7 @@ class ImageCache:
         connections: int = 8,
         chunk: int = DEFAULT_CHUNK,
         credentials: Credentials | None = None,
+        rate_limit: float | None = None,
     ) -> ImagePull:
         """Resolve ``ref`` once, fetch the layers the store lacks, publish the view."""
         return asyncio.run(
@@ -127,6 +128,7 @@ class ImageCache:
                 connections=connections,
                 chunk=chunk,
                 credentials=credentials,
+                rate_limit=rate_limit,
             )
         )
 
@@ -139,7 +141,10 @@ class ImageCache:
         connections: int = 8,
         chunk: int = DEFAULT_CHUNK,
         credentials: Credentials | None = None,
+        rate_limit: float | None = None,
     ) -> ImagePull:
+        """``pull`` for callers that already run an event loop (``rate_limit``: bytes/s
+        over all connections)."""
         t0 = time.monotonic()
         image_ref = parse_image_ref(ref)
         plat = platform or default_platform()
@@ -173,7 +178,7 @@ class ImageCache:
             backoff=self.store.backoff,
         )
         source = ImageSource(client, image_ref, plat)
-        opts = PullOptions(None, connections, progress, chunk)
+        opts = PullOptions(rate_limit, connections, progress, chunk)
         opts.check()
         try:
             res = await source.resolve()

@@ -224,6 +224,26 @@ class RegistryClient:
         if status == 401:
             raise RegistryAuthError(f"registry {self.ref.registry} refused the credentials")
 
+    async def _tags(self) -> list[str] | None:
+        """The repository's tags ([] when the registry does not know the repository,
+        None when it would not say): tells an unknown tag from an unknown repository."""
+        url = f"{self.ref.base_url}/{self.ref.repository}/tags/list"
+        try:
+            status, _, body = await self._request("GET", url, {})
+        except FetchError:
+            return None
+        if status == 404:
+            return []
+        if status != 200:
+            return None
+        import json
+
+        try:
+            tags = json.loads(body).get("tags") or []
+        except (ValueError, AttributeError):
+            return None
+        return [str(t) for t in tags] or None
+
     async def manifest(self, reference: str) -> Fetched:
         """The manifest or index that ``reference`` (tag or digest) names, its bytes
         checked against the digest asked for, else the ``Docker-Content-Digest``."""
@@ -236,15 +256,17 @@ class RegistryClient:
         )
         if status == 404:
             codes = _codes(body)
-            if "NAME_UNKNOWN" in codes:
+            tags = None if reference.startswith("sha256:") else await self._tags()
+            if "NAME_UNKNOWN" in codes or tags == []:
                 raise ImageNotFound(
                     f"repository {self.ref.repository!r} not found at registry "
                     f"{self.ref.registry} (NAME_UNKNOWN); check the image name"
                 )
             kind = "digest" if reference.startswith("sha256:") else "tag"
+            has = f"; it has {', '.join(tags[:10])}" if tags else ""
             raise ImageNotFound(
                 f"{kind} {reference!r} not found in repository {self.ref.repository!r} at "
-                f"{self.ref.registry} ({', '.join(codes) or 'HTTP 404'}); check the {kind}"
+                f"{self.ref.registry} ({', '.join(codes) or 'HTTP 404'}){has}"
             )
         if status in (401, 403):
             raise RegistryAuthError(

@@ -28,6 +28,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -288,11 +289,17 @@ class Registry:
         lines = re.findall(r'"((?:GET|HEAD|PUT|POST|PATCH|DELETE) /v2/[^"]*)"', text)
         return [x for x in lines if pattern in x]
 
-    def stop(self) -> None:
+    def stop(self, *, sig: int = signal.SIGTERM) -> None:
+        """Stop it (``sig=SIGKILL``: a registry that dies mid-request)."""
         proc = self._proc
         if proc is not None:
-            proc.stop(10)  # type: ignore[attr-defined]
+            proc.stop(10, sig=sig)  # type: ignore[attr-defined]
             self._proc = None
+
+    def blob_file(self, digest: str) -> Path:
+        """Where the registry's filesystem storage keeps a blob (tests corrupt it)."""
+        hexd = digest.removeprefix("sha256:")
+        return self.root / "storage/docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
 
     def start(self) -> None:
         """Start it again on the same port and storage (after ``stop``: a registry that
