@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -175,6 +176,46 @@ def unref(
     with _errors():
         gone = _cache(store_dir, capacity, high_watermark).unref(image_key, endpoint)
     click.echo("removed (last reference)" if gone else "still referenced")
+
+
+@image.command()
+@_store_option
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind (keep it node-local)."
+)
+@click.option("--port", type=click.IntRange(1, 65535), required=True, help="Port of the mirror.")
+@click.option(
+    "--upstream",
+    default=None,
+    metavar="URL",
+    help="Registry to forward misses to, e.g. http://127.0.0.1:5000 (default: a miss is 404).",
+)
+def serve(
+    store_dir: Path,
+    capacity: str | None,
+    high_watermark: float,
+    host: str,
+    port: int,
+    upstream: str | None,
+) -> None:
+    """Serve the cached images read-only over the registry API (a node-local mirror).
+
+    \b
+    GET/HEAD /v2/, /v2/NAME/manifests/REF, /v2/NAME/blobs/DIGEST (Range) come from the
+    store; anything it lacks is forwarded to --upstream. Point containerd at it with a
+    hosts.toml (docs/images.md), or try it with skopeo:
+      preheat image serve --store /srv/preheat --port 5001 --upstream http://127.0.0.1:5000
+      skopeo copy --src-tls-verify=false docker://127.0.0.1:5001/team/app:v1 oci:/tmp/app
+    """
+    import asyncio
+
+    from preheat.images.mirror import serve as run
+
+    with _errors():
+        cache = _cache(store_dir, capacity, high_watermark)
+    click.echo(f"mirror on http://{host}:{port} (upstream {upstream or 'none'})", err=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(cache, host, port, upstream))
 
 
 def revoke_command(what: str) -> click.Command:

@@ -97,18 +97,27 @@ class ImageSource:
             desc = Descriptor(mt, top.digest, len(body))
         image = parse_manifest(doc, desc, f"{ref.name}@{desc.digest}")
         self.resolved = Resolved(top.digest, image, chosen)
-        return self._resolution(image, body, chosen)
+        return self._resolution(image, body, chosen, top.body if chosen else None)
 
-    def _resolution(self, image: ImageManifest, body: bytes, chosen: Platform | None) -> Resolution:
+    def _resolution(
+        self, image: ImageManifest, body: bytes, chosen: Platform | None, index_body: bytes | None
+    ) -> Resolution:
+        """The view's files; with ``index_body`` the image index the tag named is kept in
+        ``blobs/`` too (not listed in ``index.json``), so the node mirror can serve the tag
+        as the registry did."""
         index = layout_index(image, chosen)
         files: dict[str, FileEntry] = {}
         locations: dict[str, Location] = {}
         manifest_url = self.client.url("manifests", image.descriptor.digest)
-        for path, data, url in (
+        small = [
             ("oci-layout", OCI_LAYOUT_FILE, f"{manifest_url}#oci-layout"),
             ("index.json", index, f"{manifest_url}#index.json"),
             (blob_path(image.descriptor.digest), body, manifest_url),
-        ):
+        ]
+        if index_body is not None and self.resolved is not None:
+            top = self.resolved.top_digest
+            small.append((blob_path(top), index_body, self.client.url("manifests", top)))
+        for path, data, url in small:
             import hashlib
 
             digest = hashlib.sha256(data).hexdigest()

@@ -50,6 +50,7 @@ __all__ = [
     "OciLayout",
     "Registry",
     "TokenIssuer",
+    "image_mirror",
     "registry",
     "skopeo",
     "token_registry",
@@ -361,6 +362,36 @@ def registry(root: Path | None = None, *, _auth: str = "") -> Iterator[Registry]
         reg.stop()
         if own:
             shutil.rmtree(base, ignore_errors=True)
+
+
+# --- the node mirror (``preheat image serve``) ------------------------------------------
+
+
+@contextlib.contextmanager
+def image_mirror(store: Path, upstream: str | None, log: Path) -> Iterator[int]:
+    """Run ``preheat image serve --store STORE`` (a real process) on a free port; yields
+    the port, stops the process by PID on exit."""
+    import sys
+
+    def argv(p: int) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from preheat.cli import main; sys.exit(main())",
+            "image",
+            "serve",
+            "--store",
+            str(store),
+            "--port",
+            str(p),
+        ]
+        return cmd + (["--upstream", upstream] if upstream else [])
+
+    proc, port = start_server(argv, health="/v2/", log=log, timeout=30, what="image mirror")
+    try:
+        yield port
+    finally:
+        proc.stop(10)
 
 
 # --- token auth -------------------------------------------------------------------------
