@@ -148,3 +148,81 @@ def test_cli_pull_ls_rm_json(reg: Registry, tmp_path: Path) -> None:
     assert gone.exit_code == 0, gone.output
     assert json.loads(runner.invoke(main, ["image", "ls", "--store", store, "--json"]).output) == []
     assert not os.listdir(tmp_path / "s" / "snapshots")
+
+
+def test_basic_auth_challenge(reg: Registry, tmp_path: Path) -> None:
+    """A registry that answers `WWW-Authenticate: Basic` gets the config.json credentials
+    (here a Basic-auth front of the real registry, the way an nginx front would do it)."""
+    import base64
+
+    import aiohttp
+    from aiohttp import web
+
+    from preheat.testing.origins import AppInThread
+
+    want = "Basic " + base64.b64encode(b"carol:pa55").decode()
+    seen: list[str] = []
+
+    async def front(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization", ""))
+        if request.headers.get("Authorization") != want:
+            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+        headers = {k: v for k, v in request.headers.items() if k in ("Accept", "Range")}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.request(request.method, f"{reg.url}{request.path_qs}", headers=headers) as up,
+        ):
+            body = await up.read()
+            keep = ("Content-Type", "Docker-Content-Digest", "Content-Range")
+            return web.Response(
+                status=up.status,
+                body=body,
+                headers={k: up.headers[k] for k in keep if k in up.headers},
+            )
+
+    with AppInThread(front) as app:
+        cfg = tmp_path / "config.json"
+        cfg.write_text(
+            json.dumps(
+                {
+                    "auths": {
+                        f"127.0.0.1:{app.port}": {"auth": base64.b64encode(b"carol:pa55").decode()}
+                    }
+                }
+            )
+        )
+        cache = ImageCache(NodeStore(tmp_path / "s"), docker_config=cfg)
+        pulled = cache.pull(f"127.0.0.1:{app.port}/team/other:v2")
+        assert pulled.layers == 3 and seen[0] == "" and want in seen
+        cfg.write_text(json.dumps({"auths": {}}))
+        with pytest.raises(RegistryAuthError, match="Basic"):
+            ImageCache(NodeStore(tmp_path / "s2"), docker_config=cfg).pull(
+                f"127.0.0.1:{app.port}/team/other:v2"
+            )
+
+
+def test_schema_2_store_migrates_to_3_keeping_its_rows(tmp_path: Path) -> None:
+    """A store written before the image tables opens with them added and its revisions kept."""
+    import sqlite3
+
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a" * 100)
+    store = NodeStore(tmp_path / "s")
+    first = store.pull(f"file://{src}")
+    con = sqlite3.connect(store.layout.db)
+    con.execute("DROP TABLE images")
+    con.execute("DROP TABLE revoked")
+    con.execute("UPDATE revisions SET label='main'")  # a v2 column the v0 migration drops
+    con.execute("PRAGMA user_version=2")
+    con.commit()
+    con.close()
+    again = NodeStore(tmp_path / "s")
+    assert again.snapshots()[0].labels == ("main",)  # not re-keyed as a version-0 store
+    assert again.snapshots()[0].refs == (f"file://{src}",)
+    assert ImageCache(again).images() == []
+    con = sqlite3.connect(store.layout.db)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert con.execute("SELECT label FROM revisions").fetchall() == [("main",)]
+    con.close()
+    assert first.manifest_digest == again.snapshots()[0].digest
