@@ -117,10 +117,10 @@ def test_manifest_checks_name_the_media_type() -> None:
     with pytest.raises(UnsupportedMediaType, match="foreign"):
         parse_manifest({"config": good_cfg, "layers": [layer]}, desc, "x")
     v1 = Descriptor("application/vnd.docker.distribution.manifest.v1+prettyjws", D, 10)
-    with pytest.raises(UnsupportedMediaType, match="v1\\+prettyjws"):
+    with pytest.raises(UnsupportedMediaType, match=r"v1\+prettyjws"):
         parse_manifest({}, v1, "x")
     cfg = {**good_cfg, "mediaType": "application/vnd.cncf.model.config.v1+json"}
-    with pytest.raises(UnsupportedMediaType, match="cncf.model.config"):
+    with pytest.raises(UnsupportedMediaType, match=r"cncf\.model\.config"):
         parse_manifest({"config": cfg, "layers": []}, desc, "x")
     with pytest.raises(UnsupportedMediaType, match="sha512"):
         parse_manifest({"config": {**good_cfg, "digest": "sha512:ab"}, "layers": []}, desc, "x")
