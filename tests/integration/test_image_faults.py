@@ -179,3 +179,20 @@ def test_cache_pull_refuses_a_revoked_revision(tmp_path: Path) -> None:
     assert out.exit_code == 1 and "revoked" in out.output and "withdrawn" in out.output
     assert unrevoke(store._db, first.revision)
     assert store.pull(f"file://{src}").manifest_digest == first.manifest_digest
+
+
+def test_registry_back_within_the_backoff_is_retried(tmp_path: Path) -> None:
+    """A registry that is down when the pull starts and back within the retries' backoff
+    is waited for: the pull succeeds (manifest requests retry 5xx, resets, refusals)."""
+    layout = write_layout(tmp_path / "img", [100_000])
+    with registry(tmp_path / "reg") as reg:
+        reg.push(layout.path, "team/app:v1")
+        reg.stop(sig=9)
+        store = NodeStore(tmp_path / "s", retries=6, backoff=0.25)  # waits up to ~8 s
+        restart = threading.Timer(0.5, reg.start)
+        restart.start()
+        try:
+            pulled = ImageCache(store).pull(reg.ref("team/app:v1"))
+        finally:
+            restart.join(30)
+        assert pulled.digest == layout.digest
