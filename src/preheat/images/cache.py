@@ -227,7 +227,7 @@ class ImageCache:
         if key in listed:
             raise Revoked(
                 f"image {ref.text} is revoked ({listed[key][0]}); nothing was fetched. "
-                f"Allow it again with `preheat image unrevoke {key} --store DIR`"
+                f"Allow it again with `preheat image unrevoke {key} --store {self.store.root}`"
             )
 
     def _held(self, digest: str, plat: Platform) -> ImageInfo | None:

@@ -5,8 +5,8 @@ revision) and removes what the store holds of it: every snapshot that is that di
 was resolved from that revision, or links that blob, and then the blobs no remaining
 snapshot uses. A snapshot leased by a running replica (or referenced by an endpoint's
 image) is kept for its holders and reported: the revocation refuses every *new* pull of
-it, and the lead's fleet/Kubernetes code rolls the holders. Until ``unrevoke``, every
-pull whose revision, snapshot digest or any file digest is on the list fails with
+it (rolling the holders to another version is the fleet's job, not built yet). Until
+``unrevoke``, every pull whose revision, snapshot digest or any file digest is on the list fails with
 ``Revoked`` before a byte is fetched (``refuse_revoked``, called from ``store.pull``).
 
 Keys are normalised: ``<64 hex>`` and ``sha256:<64 hex>`` are the same key.
@@ -107,5 +107,6 @@ def refuse_revoked(db: Db, ref: ArtifactRef, res: Resolution) -> None:
             raise Revoked(
                 f"{ref.display} is revoked: {k} is on this store's revocation list since "
                 f"{when} ({reason}); nothing was fetched. Pull another version, or allow it "
-                f"again with `preheat cache unrevoke {k} --store DIR`"
+                f"again with `preheat image unrevoke {k} --store {db.path.parent}` (one "
+                "list for images and models)"
             )
