@@ -22,6 +22,7 @@ import platform as _platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from preheat.errors import ConfigError, ImageInUse, Revoked, SnapshotNotFound
 from preheat.images.auth import Credentials, load_credentials
@@ -108,29 +109,10 @@ class ImageCache:
 
     # --- pulling -----------------------------------------------------------------------
 
-    def pull(
-        self,
-        ref: str,
-        *,
-        platform: Platform | None = None,
-        progress: Progress | None = None,
-        connections: int = 8,
-        chunk: int = DEFAULT_CHUNK,
-        credentials: Credentials | None = None,
-        rate_limit: float | None = None,
-    ) -> ImagePull:
-        """Resolve ``ref`` once, fetch the layers the store lacks, publish the view."""
-        return asyncio.run(
-            self.apull(
-                ref,
-                platform=platform,
-                progress=progress,
-                connections=connections,
-                chunk=chunk,
-                credentials=credentials,
-                rate_limit=rate_limit,
-            )
-        )
+    def pull(self, ref: str, **options: Any) -> ImagePull:
+        """Resolve ``ref`` once, fetch the layers the store lacks, publish the view
+        (blocking; ``options`` as for ``apull``)."""
+        return asyncio.run(self.apull(ref, **options))
 
     async def apull(
         self,
@@ -143,8 +125,9 @@ class ImageCache:
         credentials: Credentials | None = None,
         rate_limit: float | None = None,
     ) -> ImagePull:
-        """``pull`` for callers that already run an event loop (``rate_limit``: bytes/s
-        over all connections)."""
+        """Pull ``ref`` (``platform``: default the node's; ``rate_limit``: bytes/s over
+        all ``connections``; ``chunk``: one ranged request, the unit a resume skips;
+        ``credentials``: default from the docker ``config.json``)."""
         t0 = time.monotonic()
         image_ref = parse_image_ref(ref)
         plat = platform or default_platform()
