@@ -3,18 +3,33 @@
 from preheat.images import ImageCache
 cache = ImageCache(NodeStore("/var/lib/preheat/node-a"))
 result = cache.pull("registry.example:5000/team/app:v1")
-cache.ref(result.digest, "endpoint/chat")   # never evicted while referenced
+cache.ref(result.digest, "chat")   # never evicted while referenced
+
+The names load lazily: the registry client (``images.client``) sits below ``sources``
+(``sources.oci`` uses it) while the cache sits above ``store``, so importing this
+package must not import the cache.
 """
 
-from preheat.images.cache import ImageCache, ImageInfo, ImagePull
-from preheat.images.reference import ImageRef, Platform, parse_image_ref, parse_platform
+from __future__ import annotations
 
-__all__ = [
-    "ImageCache",
-    "ImageInfo",
-    "ImagePull",
-    "ImageRef",
-    "Platform",
-    "parse_image_ref",
-    "parse_platform",
-]
+import importlib
+from typing import Any
+
+_NAMES = {
+    "ImageCache": "preheat.images.cache",
+    "ImageInfo": "preheat.images.cache",
+    "ImagePull": "preheat.images.cache",
+    "ImageRef": "preheat.images.reference",
+    "Platform": "preheat.images.reference",
+    "parse_image_ref": "preheat.images.reference",
+    "parse_platform": "preheat.images.reference",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'preheat.images' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -75,7 +75,7 @@ class ImageManifest:
         return self.descriptor.size + self.config.size + sum(x.size for x in self.layers)
 
 
-def _descriptor(obj: object, where: str) -> Descriptor:
+def read_descriptor(obj: object, where: str) -> Descriptor:
     if not isinstance(obj, dict):
         raise UnsupportedMediaType(f"{where}: a descriptor must be an object, got {obj!r:.80}")
     mt, digest, size = obj.get("mediaType"), obj.get("digest"), obj.get("size")
@@ -122,7 +122,7 @@ def choose_platform(doc: dict[str, object], platform: Platform, where: str) -> D
             "/".join(str(x) for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x)
         )
         if platform.matches(p):
-            d = _descriptor(e, f"{where} manifests[{i}]")
+            d = read_descriptor(e, f"{where} manifests[{i}]")
             if d.media_type and d.media_type not in MANIFESTS:
                 raise UnsupportedMediaType(
                     f"{where}: the {platform.text} entry has media type {d.media_type!r}; "
@@ -142,7 +142,7 @@ def parse_manifest(doc: dict[str, object], descriptor: Descriptor, where: str) -
         raise UnsupportedMediaType(
             f"{where} has media type {mt!r}; supported: {', '.join(sorted(INDEXES | MANIFESTS))}"
         )
-    config = _descriptor(doc.get("config"), f"{where} config")
+    config = read_descriptor(doc.get("config"), f"{where} config")
     if config.media_type not in CONFIGS:
         raise UnsupportedMediaType(
             f"{where}: config media type {config.media_type!r} is not an image config "
@@ -153,7 +153,7 @@ def parse_manifest(doc: dict[str, object], descriptor: Descriptor, where: str) -
         raise UnsupportedMediaType(f"{where}: a manifest needs a 'layers' list")
     layers = []
     for i, obj in enumerate(raw_layers):
-        layer = _descriptor(obj, f"{where} layers[{i}]")
+        layer = read_descriptor(obj, f"{where} layers[{i}]")
         if layer.media_type not in LAYERS:
             raise UnsupportedMediaType(
                 f"{where}: layer {i} ({layer.digest[:19]}) has media type "

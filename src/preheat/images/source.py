@@ -14,19 +14,17 @@ Every file carries its sha256 (the OCI digest), so the store's fill verifies eac
 shares it with every other image and model that has the same bytes, and skips what the
 store holds. The revision is the platform manifest's digest: the image's identity. The
 three small files are served from memory; config and layers are ranged GETs on
-``/v2/<name>/blobs/<digest>`` through the fill's zero-copy splice path (plain HTTP) or
-``RegistryClient.blob`` (TLS, redirects, a token to renew).
+``/v2/<name>/blobs/<digest>`` (``sources.oci.RegistryBlobSource``: the fill's zero-copy
+splice path over plain HTTP, else ``RegistryClient.blob``).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncGenerator, Callable, Mapping
+import hashlib
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from preheat.artifacts.manifest import FileEntry, Manifest
-from preheat.artifacts.refs import ArtifactRef, redact_url
+from preheat.artifacts.refs import ArtifactRef
 from preheat.images.client import RegistryClient
 from preheat.images.manifest import (
     INDEXES,
@@ -41,8 +39,8 @@ from preheat.images.manifest import (
     parse_manifest,
 )
 from preheat.images.reference import ImageRef, Platform
-from preheat.sources import _splice
-from preheat.sources.base import Location, Resolution, Unsupported
+from preheat.sources.base import Location, Resolution
+from preheat.sources.oci import RegistryBlobSource
 
 
 @dataclass(frozen=True)
@@ -60,22 +58,15 @@ def artifact_ref(ref: ImageRef) -> ArtifactRef:
     return ArtifactRef(text=f"docker://{ref.text}", scheme="docker", location=ref.text)
 
 
-class ImageSource:
+class ImageSource(RegistryBlobSource):
+    """One image of a registry; blobs are fetched as ``RegistryBlobSource`` does."""
+
     def __init__(self, client: RegistryClient, ref: ImageRef, platform: Platform) -> None:
-        self.client = client
+        super().__init__(client)
         self.image_ref = ref
         self.platform = platform
         self.ref = artifact_ref(ref)
-        self._memory: dict[str, bytes] = {}
-        self._pools: dict[tuple[str, int], _splice.SplicePool] = {}
-        self._splice_ok = True
         self.resolved: Resolved | None = None
-
-    async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
-        await self.client.aclose()
 
     async def resolve(self) -> Resolution:
         ref = self.image_ref
@@ -118,8 +109,6 @@ class ImageSource:
             top = self.resolved.top_digest
             small.append((blob_path(top), index_body, self.client.url("manifests", top)))
         for path, data, url in small:
-            import hashlib
-
             digest = hashlib.sha256(data).hexdigest()
             files[path] = FileEntry(path, len(data), digest)
             self._memory[url] = data
@@ -135,55 +124,3 @@ class ImageSource:
         manifest = Manifest(tuple(files.values()))
         label = self.image_ref.tag or (chosen.text if chosen else None)
         return Resolution(self.ref, image.descriptor.digest, manifest, locations, label=label)
-
-    # --- the fill's two paths ----------------------------------------------------------
-
-    def can_direct(self, location: Location) -> bool:
-        return (
-            _splice.AVAILABLE
-            and self._splice_ok
-            and location.url not in self._memory
-            and location.url.startswith("http://")
-        )
-
-    async def fetch_to_fd(
-        self,
-        location: Location,
-        start: int,
-        end: int,
-        fd: int,
-        on_bytes: Callable[[int, int], None],
-    ) -> None:
-        parts = urlsplit(location.url)
-        key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = _splice.SplicePool(*key)
-        shown = redact_url(location.url)
-        try:
-            await pool.get_range(
-                parts.path,
-                start,
-                end,
-                fd,
-                on_bytes,
-                shown,
-                headers=await self.client.auth_headers(),
-                check=functools.partial(_check, shown),
-            )
-        except Unsupported:
-            self._splice_ok = False  # redirects, a token to renew: the full client
-            raise
-
-    async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        data = self._memory.get(location.url)
-        if data is not None:
-            yield data[start:end]
-            return
-        async for chunk in self.client.blob(location.url, start, end):
-            yield chunk
-
-
-def _check(shown: str, status: int, headers: Mapping[str, str]) -> None:
-    if status in (301, 302, 303, 307, 308, 401):
-        raise Unsupported(f"{shown}: HTTP {status} needs the full client")

@@ -281,6 +281,74 @@ class Registry:
             f"docker://{self.ref(name)}",
         )
 
+    def put_blob(self, name: str, data: bytes) -> str:
+        """Upload one blob (monolithic: POST then PUT ?digest=); returns its digest."""
+        import urllib.request
+
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        post = urllib.request.Request(
+            f"{self.url}/v2/{name}/blobs/uploads/", method="POST", data=b""
+        )
+        with urllib.request.urlopen(post, timeout=30) as resp:
+            loc = resp.headers["Location"]
+        loc = self.url + loc if loc.startswith("/") else loc
+        sep = "&" if "?" in loc else "?"
+        put = urllib.request.Request(
+            f"{loc}{sep}digest={digest}",
+            method="PUT",
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        urllib.request.urlopen(put, timeout=30).close()
+        return digest
+
+    def push_model(
+        self,
+        name: str,
+        files: Mapping[str, bytes],
+        *,
+        media_type: str = "application/vnd.cncf.model.weight.v1.raw",
+        artifact_type: str | None = "application/vnd.cncf.model.manifest.v1+json",
+    ) -> str:
+        """Push a CNCF ModelPack artifact (``name`` is ``repo:tag``): one layer per file,
+        its path in the ``org.cncf.model.filepath`` annotation. Returns the manifest
+        digest. (skopeo copies images; an artifact goes up over the registry API.)"""
+        import urllib.request
+
+        repo, _, tag = name.partition(":")
+        config = _canonical({"descriptor": {"name": repo}, "modelfs": {"type": "layers"}})
+        layers = []
+        for path, data in files.items():
+            layers.append(
+                {
+                    "mediaType": media_type,
+                    "digest": self.put_blob(repo, data),
+                    "size": len(data),
+                    "annotations": {"org.cncf.model.filepath": path},
+                }
+            )
+        manifest: dict[str, object] = {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {
+                "mediaType": "application/vnd.cncf.model.config.v1+json",
+                "digest": self.put_blob(repo, config),
+                "size": len(config),
+            },
+            "layers": layers,
+        }
+        if artifact_type:
+            manifest["artifactType"] = artifact_type
+        body = _canonical(manifest)
+        put = urllib.request.Request(
+            f"{self.url}/v2/{repo}/manifests/{tag or 'latest'}",
+            method="PUT",
+            data=body,
+            headers={"Content-Type": OCI_MANIFEST},
+        )
+        urllib.request.urlopen(put, timeout=30).close()
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
     def requests(self, pattern: str = "") -> list[str]:
         """Access-log request lines (``GET /v2/... HTTP/1.1``) that contain ``pattern``."""
         try:
