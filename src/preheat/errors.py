@@ -9,7 +9,9 @@
     │   ├── SnapshotNotFound(CacheError, KeyError)
     │   ├── SnapshotInUse(CacheError)                leased: cannot be deleted
     │   ├── RevisionChanged(CacheError)              ref moved away from a pinned revision
-    │   └── GitBlobMismatch(DigestMismatch)          hf:// git file differs from its blob id
+    │   ├── GitBlobMismatch(DigestMismatch)          hf:// git file differs from its blob id
+    │   ├── Revoked(CacheError, PermissionError)     digest/revision on the store's revocation list
+    │   └── ImageInUse(CacheError)                   image referenced by an endpoint: not removed
     ├── FetchError                                   talking to an origin
     │   ├── OriginUnavailable(FetchError, ConnectionError)
     │   ├── ObjectNotFound(FetchError, FileNotFoundError)
@@ -18,7 +20,12 @@
     │   ├── OriginChanged(FetchError)                bytes changed at the origin mid-fill
     │   ├── HubRepoNotFound(ObjectNotFound)          hf://: no such repo (or private, no access)
     │   ├── HubRevisionNotFound(ObjectNotFound)      hf://: no such branch, tag or commit
-    │   └── HubAccessDenied(FetchError, PermissionError)  hf://: gated, or the token is invalid
+    │   ├── HubAccessDenied(FetchError, PermissionError)  hf://: gated, or the token is invalid
+    │   └── RegistryError(FetchError)                OCI registry (images)
+    │       ├── ImageNotFound(RegistryError, FileNotFoundError)  unknown repository/tag/digest
+    │       ├── UnsupportedMediaType(RegistryError, ValueError)  manifest/config/layer type
+    │       ├── ImageDigestMismatch(RegistryError, ValueError)   manifest bytes != digest
+    │       └── RegistryAuthError(RegistryError, PermissionError)
     ├── EngineError                                  simulated engine
     │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
     │   └── EngineUnavailable(EngineError, ConnectionError)
@@ -147,6 +154,38 @@ class HubRevisionNotFound(ObjectNotFound):
 
 class HubAccessDenied(FetchError, PermissionError):
     """A gated repo without a granted token, or a token the Hub refuses as invalid."""
+
+
+# --- images (OCI registries, the node image cache) -------------------------------------
+
+
+class Revoked(CacheError, PermissionError):
+    """The digest or revision is on the store's revocation list: removed, and refused
+    until ``unrevoke``."""
+
+
+class ImageInUse(CacheError):
+    """An image still referenced by an endpoint cannot be removed."""
+
+
+class RegistryError(FetchError):
+    """An OCI registry answered something the image client cannot use."""
+
+
+class ImageNotFound(RegistryError, FileNotFoundError):
+    """The registry does not know the repository, tag or digest."""
+
+
+class UnsupportedMediaType(RegistryError, ValueError):
+    """A manifest, config or layer has a media type preheat does not pull."""
+
+
+class ImageDigestMismatch(RegistryError, ValueError):
+    """A manifest's bytes do not hash to the digest it was asked for (or announced)."""
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    """The registry or its token service refused the credentials."""
 
 
 # --- engine -----------------------------------------------------------------------------

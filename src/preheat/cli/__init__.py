@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "report": "preheat.cli.report:report",
     "k8s": "preheat.cli.k8s:k8s",
     "agent": "preheat.cli.agent:agent",
+    # images (issue 11): the node image cache
+    "image": "preheat.cli.image:image",
 }
 
 

@@ -1,7 +1,8 @@
 """The store's sqlite metadata: the one repository that owns every SQL statement.
 
 Tables: snapshots, snapshot_blobs, revisions, blobs, leases, fingerprints, reservations,
-reservation_blobs. ``Db.read()`` and ``Db.write()`` hand out a ``Tx``, whose methods are
+reservation_blobs, images (the image cache: which snapshot is which image), revoked (the
+store's revocation list). ``Db.read()`` and ``Db.write()`` hand out a ``Tx``, whose methods are
 the only statements the store runs; nothing else in preheat writes SQL against
 ``store.db``.
 
@@ -25,8 +26,9 @@ from preheat.sources.base import Resolution
 from preheat.store.evict import SnapshotInfo
 
 # PRAGMA user_version of the schema below. 0: before identity keys (revisions keyed by the
-# revision string alone; blobs without the stat recorded at publish); 2: now.
-VERSION = 2
+# revision string alone; blobs without the stat recorded at publish); 2: identity keys;
+# 3: now (adds the images and revoked tables; nothing else changes).
+VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -82,6 +84,24 @@ CREATE TABLE IF NOT EXISTS reservations (
 CREATE TABLE IF NOT EXISTS reservation_blobs (
     reservation TEXT NOT NULL,
     blob TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    digest TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    tag TEXT,
+    top_digest TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    snapshot TEXT NOT NULL,
+    config TEXT NOT NULL,
+    layers INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    pulled REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_top ON images(top_digest);
+CREATE TABLE IF NOT EXISTS revoked (
+    key TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    since REAL NOT NULL
 );
 """
 
@@ -381,6 +401,57 @@ class Tx:
     def protected_blobs(self) -> set[str]:
         return {str(r[0]) for r in self.con.execute("SELECT blob FROM reservation_blobs")}
 
+    # --- images (preheat.images.cache) ----------------------------------------------------
+
+    _IMAGE_COLS = "digest, name, tag, top_digest, platform, snapshot, config, layers, size, pulled"
+
+    def record_image(self, row: tuple[object, ...]) -> None:
+        """One image: (digest, name, tag, top_digest, platform, snapshot, config, layers,
+        size, pulled); a new pull of the same digest updates it."""
+        self.con.execute(
+            f"INSERT OR REPLACE INTO images({self._IMAGE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            row,
+        )
+
+    def images(self) -> list[tuple[object, ...]]:
+        """Every image whose snapshot is still in the store, most recently pulled first."""
+        return [
+            tuple(r)
+            for r in self.con.execute(
+                f"SELECT {self._IMAGE_COLS} FROM images WHERE snapshot IN "
+                "(SELECT digest FROM snapshots) ORDER BY pulled DESC"
+            )
+        ]
+
+    def drop_image(self, digest: str) -> None:
+        self.con.execute("DELETE FROM images WHERE digest=?", (digest,))
+
+    def drop_orphan_images(self) -> int:
+        """Forget images whose snapshot left the store (evicted, revoked, deleted)."""
+        return int(
+            self.con.execute(
+                "DELETE FROM images WHERE snapshot NOT IN (SELECT digest FROM snapshots)"
+            ).rowcount
+        )
+
+    # --- revocation (preheat.store.revoke) ------------------------------------------------
+
+    def revoke(self, key: str, reason: str) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO revoked(key, reason, since) VALUES (?,?,?)",
+            (key, reason, time.time()),
+        )
+
+    def unrevoke(self, key: str) -> bool:
+        return self.con.execute("DELETE FROM revoked WHERE key=?", (key,)).rowcount > 0
+
+    def revoked(self) -> dict[str, tuple[str, float]]:
+        """key -> (reason, since) of every revocation."""
+        return {
+            str(k): (str(r), float(t))
+            for k, r, t in self.con.execute("SELECT key, reason, since FROM revoked")
+        }
+
 
 def _migrate_from_0(con: sqlite3.Connection, tables: set[str]) -> None:
     """Version 0 keyed revisions by the revision string alone: re-key each row by its
@@ -448,8 +519,9 @@ class Db:
             tables = {
                 str(r[0]) for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-            if version < VERSION and tables:
+            if version < 2 and tables:
                 _migrate_from_0(con, tables)
+            # 2 -> 3 only adds tables: _create below makes them
             _create(con)
             con.execute(f"PRAGMA user_version={VERSION}")
         except BaseException:

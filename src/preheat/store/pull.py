@@ -43,6 +43,7 @@ from preheat.store.fill import (
 from preheat.store.layout import Layout
 from preheat.store.repair import relink, stat_of
 from preheat.store.results import PullResult
+from preheat.store.revoke import refuse_revoked
 from preheat.store.space import Reservation, Space
 
 # progress(done_bytes, total_bytes), called from the pull's event loop about 5 times a second.
@@ -173,6 +174,7 @@ class Puller:
     ) -> PullResult:
         """Every blocking step (sqlite with its busy wait, eviction, links, fsyncs) runs in
         a thread: the loop is shared with the fleet's controller and other warm-ups."""
+        await asyncio.to_thread(refuse_revoked, self.db, ref, res)  # before any byte moves
         progress = opts.progress
         total = res.manifest.total_size
         source_id = source_identity(ref, endpoint_url)

@@ -1,0 +1,83 @@
+"""`oci://` model sources (CNCF ModelPack artifacts) against the real registry."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from preheat.errors import UnsafePath, UnsupportedMediaType
+from preheat.sources.oci import OciSource, oci_ref
+from preheat.testing.registry import Registry, registry, write_layout
+
+
+@pytest.fixture(scope="module")
+def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with registry(tmp_path_factory.mktemp("registry")) as r:
+        yield r
+
+
+async def _resolve_and_read(ref: str) -> tuple[object, dict[str, bytes]]:
+    src = OciSource(oci_ref(ref))
+    try:
+        res = await src.resolve()
+        out = {}
+        for f in res.manifest.files:
+            chunks = [c async for c in src.fetch(res.locations[f.path], 0, f.size)]
+            out[f.path] = b"".join(chunks)
+        return res, out
+    finally:
+        await src.aclose()
+
+
+def test_modelpack_files_resolve_by_layer_digest(reg: Registry) -> None:
+    """Each raw layer is one file at its annotated path, its sha256 the layer digest; a
+    second revision shares the unchanged file's digest (the store fetches it once)."""
+    files = {"config.json": b'{"n": 1}', "weights/model-00001.safetensors": b"w" * 50_000}
+    v1 = reg.push_model("models/llama:v1", files)
+    v2 = reg.push_model("models/llama:v2", {**files, "config.json": b'{"n": 2}'})
+    res, got = asyncio.run(_resolve_and_read(f"oci://{reg.ref('models/llama:v1')}"))
+    assert res.revision == v1 and res.label == "v1"  # type: ignore[attr-defined]
+    digests = {f.path: f.sha256 for f in res.manifest.files}  # type: ignore[attr-defined]
+    assert digests == {p: hashlib.sha256(b).hexdigest() for p, b in files.items()}
+    assert got == files
+    res2, _ = asyncio.run(_resolve_and_read(f"oci://{reg.ref('models/llama@' + v2)}"))
+    digests2 = {f.path: f.sha256 for f in res2.manifest.files}  # type: ignore[attr-defined]
+    w = "weights/model-00001.safetensors"
+    assert res2.revision == v2  # type: ignore[attr-defined]
+    assert digests2[w] == digests[w] and digests2["config.json"] != digests["config.json"]
+
+
+@pytest.mark.parametrize(
+    ("files", "media_type", "error", "match"),
+    [
+        ({"../escape.bin": b"x"}, None, UnsafePath, r"'\.\./escape\.bin' escapes"),
+        ({"/abs.bin": b"x"}, None, UnsafePath, "escapes"),
+        (
+            {"m.tar": b"x"},
+            "application/vnd.cncf.model.weight.v1.tar",
+            UnsupportedMediaType,
+            r"weight\.v1\.tar.*not unpacked",
+        ),
+    ],
+)
+def test_bad_model_layers_are_refused(
+    reg: Registry, files: dict[str, bytes], media_type: str | None, error: type, match: str
+) -> None:
+    """A path that escapes the snapshot, or a tar layer, is refused naming it."""
+    tag = hashlib.sha256(repr(files).encode()).hexdigest()[:12]
+    kwargs = {"media_type": media_type} if media_type else {}
+    reg.push_model(f"models/bad:{tag}", files, **kwargs)
+    with pytest.raises(error, match=match):
+        asyncio.run(_resolve_and_read(f"oci://{reg.ref('models/bad:' + tag)}"))
+
+
+def test_a_container_image_is_not_a_model(reg: Registry, tmp_path: Path) -> None:
+    """An ordinary image at an oci:// ref is refused with what it is and what to use."""
+    layout = write_layout(tmp_path / "img", [1000])
+    reg.push(layout.path, "team/app:v1")
+    with pytest.raises(UnsupportedMediaType, match=r"not a ModelPack model.*image pull"):
+        asyncio.run(_resolve_and_read(f"oci://{reg.ref('team/app:v1')}"))
