@@ -81,3 +81,43 @@ def test_a_container_image_is_not_a_model(reg: Registry, tmp_path: Path) -> None
     reg.push(layout.path, "team/app:v1")
     with pytest.raises(UnsupportedMediaType, match=r"not a ModelPack model.*image pull"):
         asyncio.run(_resolve_and_read(f"oci://{reg.ref('team/app:v1')}"))
+
+
+def test_cache_pull_oci_fetches_only_the_changed_file_and_honours_revoke(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """`preheat cache pull oci://…` builds a snapshot of the ModelPack files; the next
+    revision fetches only the file that changed; `preheat cache revoke` then refuses it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from preheat.cli import main
+
+    weights = b"w" * 300_000
+    reg.push_model("models/cli:v1", {"config.json": b'{"n": 1}', "w.safetensors": weights})
+    reg.push_model("models/cli:v2", {"config.json": b'{"n": 2}', "w.safetensors": weights})
+    store = str(tmp_path / "store")
+    runner = CliRunner()
+
+    def pull(tag: str) -> dict[str, object]:
+        out = runner.invoke(
+            main,
+            ["cache", "pull", f"oci://{reg.ref('models/cli:' + tag)}", "--store", store, "--json"],
+        )
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output.strip().splitlines()[-1])
+
+    first = pull("v1")
+    snap = Path(str(first["snapshot"]))
+    assert (snap / "w.safetensors").read_bytes() == weights
+    assert first["bytes_fetched"] == len(weights) + len(b'{"n": 1}')
+    second = pull("v2")
+    assert second["bytes_fetched"] == len(b'{"n": 2}')
+    assert (Path(str(second["snapshot"])) / "config.json").read_bytes() == b'{"n": 2}'
+    out = runner.invoke(main, ["cache", "revoke", str(second["revision"]), "--store", store])
+    assert out.exit_code == 0, out.output
+    again = runner.invoke(
+        main, ["cache", "pull", f"oci://{reg.ref('models/cli:v2')}", "--store", store]
+    )
+    assert again.exit_code == 1 and "revoked" in again.output

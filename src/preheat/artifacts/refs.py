@@ -8,6 +8,8 @@ Supported schemes::
     s3://bucket/prefix             every object under the prefix
     hf://ORG/NAME[@REVISION]       a Hugging Face Hub model at a branch, tag or commit
                                    (default main); ``#include=GLOB&exclude=GLOB`` filters
+    oci://registry/repo:tag        a CNCF ModelPack artifact in an OCI registry (or
+    oci://registry/repo@sha256:…)  pinned by digest); see docs/images.md
 
 A ref is mutable (the bytes behind it can change); ``pull`` resolves it to an immutable
 ``Revision`` every time, and the store is keyed by what it resolved to.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from preheat.errors import ConfigError
 
-SCHEMES = ("file", "http", "https", "s3", "hf")
+SCHEMES = ("file", "http", "https", "s3", "hf", "oci")
 MANIFEST_NAME = "preheat-manifest.json"
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<path>[^?#]*)")
 
@@ -112,10 +114,16 @@ def parse_ref(text: str) -> ArtifactRef:
         raise ConfigError(
             f"artifact ref {text!r} has unsupported scheme {raw_scheme!r}; use one of "
             "file:///abs/dir, https://host/path/preheat-manifest.json, s3://bucket/prefix, "
-            "hf://ORG/NAME[@REVISION]"
+            "hf://ORG/NAME[@REVISION], oci://registry/repo:tag"
         )
     if scheme == "hf":
         return _parse_hf(text)
+    if scheme == "oci":
+        if not text[len("oci://") :].strip("/"):
+            raise ConfigError(
+                f"artifact ref {text!r} names no image; write oci://registry/repo:tag"
+            )
+        return ArtifactRef(text=text, scheme="oci", location=text[len("oci://") :])
     netloc, path = m.group("netloc"), m.group("path")
     if scheme == "file":
         if netloc not in ("", "localhost"):

@@ -149,6 +149,8 @@ def pull(
                                                commit (default main); $HF_ENDPOINT picks a
                                                mirror, $HF_TOKEN (or `hf auth login`'s token
                                                file) opens private and gated repos
+      oci://registry/repo:tag                  a CNCF ModelPack artifact (or @sha256:…);
+                                               credentials from docker's config.json
 
     SOURCE is resolved afresh to an immutable revision; only blobs the store lacks are
     fetched, every byte is checked against its sha256, and the snapshot appears
@@ -459,3 +461,14 @@ def manifest(directory: Path) -> None:
 
     out = write_http_manifest(directory)
     click.echo(str(out))
+
+
+def _revocation_commands() -> None:
+    # One store-level revocation list serves images and model revisions (docs/images.md).
+    from preheat.cli.image import revoke_command, unrevoke_command
+
+    cache.add_command(revoke_command("cache"))
+    cache.add_command(unrevoke_command("cache"))
+
+
+_revocation_commands()

@@ -106,6 +106,10 @@ def open_source(
         from preheat.sources.hf import HfSource
 
         return HfSource(r, endpoint_url=endpoint_url, connections=connections)
+    if r.scheme == "oci":
+        from preheat.sources.oci import OciSource
+
+        return OciSource(r, connections=connections)
     if r.scheme == "file":
         from preheat.sources.file import FileSource
 
