@@ -3,7 +3,7 @@
 64 instances with random in-flight counts; chat requests whose canonical prompt is about
 32,000 characters (a popular document plus a unique question), so the whole prompt is
 hashed with --prefix-length 32768. A decision is ``choose`` + ``on_sent`` (the learned
-index update), timed with perf_counter_ns (percentiles interpolated, ``telemetry.stats.percentile``); the body is already parsed (the proxy's
+index update, with each instance's LRU modelled at --kv-tokens) and ``on_done``, timed with perf_counter_ns (percentiles interpolated, ``telemetry.stats.percentile``); the body is already parsed (the proxy's
 JSON parse is part of the proxy-overhead benchmark). The 20,000 prepared bodies
 (~640 MB of strings) are moved out of the cyclic GC's view with ``gc.freeze()`` before
 timing, as the router freezes its start-up heap: otherwise every full collection walks
@@ -59,6 +59,12 @@ def main() -> None:
     ap.add_argument("--no-gc", action="store_true", help="disable the cyclic GC while timing")
     ap.add_argument("--no-freeze", action="store_true", help="leave the bodies to the GC")
     ap.add_argument("--block-chars", type=int, default=2048)
+    ap.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=9600,
+        help="KV capacity given to every instance (tokens; the LRU model runs; 0: none)",
+    )
     args = ap.parse_args()
     console = Console()
     console.print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
@@ -88,6 +94,8 @@ def main() -> None:
     for name, prm in runs:
         label = f"{name} (prefix_length {prm.prefix_length})" if name == "prefix_aware" else name
         policy = make_policy(name, prm, salt=SALT, rng=random.Random(args.seed))
+        for inst in fleet:
+            policy.set_capacity(inst.id, args.kv_tokens or None)
         times = []
         gc.collect()
         if args.no_gc:
@@ -98,6 +106,7 @@ def main() -> None:
             t0 = time.perf_counter_ns()
             c = policy.choose(r, fleet)
             policy.on_sent(r, c)
+            policy.on_done(r, c, ok=True, cached_tokens=None)
             times.append((time.perf_counter_ns() - t0) / 1000)
         times.sort()
         results[label] = times

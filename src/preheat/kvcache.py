@@ -134,6 +134,11 @@ class KVCache:
         self.queries = 0
         self.hits = 0
         self.evictions = 0
+        # With a list here, every change of the prefix index is appended to it, in
+        # order, for a KV-event publisher (vLLM's BlockStored / BlockRemoved /
+        # AllBlocksCleared): ("stored", seq_id, block index, hash, parent hash or None),
+        # ("removed", hash), ("cleared",). None (the default) records nothing.
+        self.events: list[tuple[object, ...]] | None = None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -264,6 +269,8 @@ class KVCache:
             if h not in self._by_hash and self._hash[b] is None:
                 self._by_hash[h] = b
                 self._hash[b] = h
+                if self.events is not None:
+                    self.events.append(("stored", seq_id, i, h, hashes[i - 1] if i else None))
         if upto > done:
             self._committed[seq_id] = upto
 
@@ -295,6 +302,10 @@ class KVCache:
             if h is not None:
                 del self._by_hash[h]
                 self._hash[b] = None
+        if self.events is not None:
+            # Blocks running sequences still hold stay cached but go unannounced: a
+            # subscriber under-counts them until they are stored again (conservative).
+            self.events.append(("cleared",))
 
     # --- internals ----------------------------------------------------------------------
 
@@ -314,5 +325,7 @@ class KVCache:
                 del self._by_hash[h]
                 self._hash[b] = None
                 self.evictions += 1
+                if self.events is not None:
+                    self.events.append(("removed", h))
             self._ref[b] = 1
             blocks.append(b)

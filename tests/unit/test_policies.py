@@ -118,7 +118,11 @@ def test_learned_index_keeps_a_document_with_a_changing_tail() -> None:
 
 
 def test_multi_turn_chat_stays_on_its_instance() -> None:
-    """Each turn extends the last; conversations rarely move and shares stay even."""
+    """Each turn extends the last; conversations rarely move and shares stay even.
+
+    (0.85, was 0.9: a first turn goes to an instance holding the shared system prompt,
+    which predicts a shorter prefill, so a few more conversations reach the share bound
+    and move.)"""
     p = PrefixAwarePolicy(PolicyParams(prefix_length=8192), salt=SALT)
     fleet = _fleet(7)
     homes: dict[str, list[str]] = {}
@@ -129,7 +133,7 @@ def test_multi_turn_chat_stays_on_its_instance() -> None:
         p.on_sent(req, c)
         homes.setdefault(item.group, []).append(c.instance.id)
     stays = sum(h.count(h[0]) for h in homes.values())
-    assert stays >= 0.9 * len(items)
+    assert stays >= 0.85 * len(items)
     shares = Counter(x for h in homes.values() for x in h)
     assert max(shares.values()) <= 1.1 * len(items) / 7
 

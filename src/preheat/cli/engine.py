@@ -64,6 +64,16 @@ def engine() -> None:
     help="Simulated runtime warm-up after the weights are read and before /health is OK "
     "(vLLM: KV allocation, CUDA graphs); scaled by --time-scale.",
 )
+@click.option(
+    "--kv-events",
+    metavar="tcp://127.0.0.1:PORT",
+    help="Publish KV-cache events in vLLM's format (ZMQ PUB bound at this endpoint: "
+    "BlockStored, BlockRemoved, AllBlocksCleared); off by default.",
+)
+@click.option(
+    "--kv-events-pod",
+    help="The <pod> part of the event topic kv@<pod>@<model> (default: host:port).",
+)
 def serve(
     host: str,
     port: int,
@@ -76,6 +86,8 @@ def serve(
     model_name: str | None,
     no_prefix_caching: bool,
     warmup_seconds: float,
+    kv_events: str | None,
+    kv_events_pod: str | None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /startup, /metrics.
 
@@ -86,6 +98,11 @@ def serve(
            -d '{"prompt": "Hello", "max_tokens": 8}'
     """
     started = time.time()
+    if kv_events is not None and not kv_events.startswith(("tcp://", "ipc://")):
+        raise click.BadParameter(
+            f"{kv_events!r} is not a ZMQ endpoint; give tcp://127.0.0.1:5557",
+            param_hint="--kv-events",
+        )
     from preheat.engine.server import EngineConfig, run
 
     run(
@@ -102,6 +119,8 @@ def serve(
             enable_prefix_caching=not no_prefix_caching,
             warmup_s=warmup_seconds,
             runtime_started=started,
+            kv_events=kv_events,
+            kv_events_pod=kv_events_pod,
         )
     )
 

@@ -17,6 +17,11 @@ for vLLM read this engine unchanged:
 ``vllm:request_success_total``              counter    finished requests, by finished_reason
 ``vllm:time_to_first_token_seconds``        histogram  arrival to first output token
 ``vllm:e2e_request_latency_seconds``        histogram  arrival to last output token
+``vllm:cache_config_info``                  gauge      1, with the KV cache's ``block_size`` and
+                                                       ``num_gpu_blocks`` (and prefix caching) as
+                                                       labels, as vLLM's ``CacheConfig`` exports
+                                                       them; routers size their model of this
+                                                       engine's KV LRU from it
 ==========================================  =========  =========================================
 """
 
@@ -62,6 +67,15 @@ class _SchedulerCollector(Collector):
             m.add_metric(lv, value)
             return m
 
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        info.add_metric(
+            [str(s.kv.block_size), str(s.kv.num_blocks), str(s.kv.enable_prefix_caching)], 1.0
+        )
+        yield info
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", s.kv.queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", s.kv.hits)
         yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)

@@ -43,6 +43,7 @@ from preheat.timing import EngineProfile
 from .core.chat import render_chat
 from .core.scheduler import Scheduler, SeqOutput
 from .core.tokenizer import Tokenizer, filler_text
+from .kvevents import KVEventPublisher, batch_events
 from .metrics import EngineMetrics
 
 __all__ = ["EngineConfig", "EngineServer", "serve"]
@@ -76,6 +77,11 @@ class EngineConfig:
     graph capture: tens of seconds in vLLM); scaled by ``time_scale`` like every step."""
     runtime_started: float | None = None
     """Epoch time the process started; default: when the server object is made."""
+    kv_events: str | None = None
+    """Publish KV-cache events as vLLM does (ZMQ PUB bound here, e.g. tcp://127.0.0.1:5557;
+    engine/kvevents.py); None: off."""
+    kv_events_pod: str | None = None
+    """The ``<pod>`` of the event topic ``kv@<pod>@<model>``; default host:port."""
 
     @property
     def served_model(self) -> str:
@@ -140,6 +146,12 @@ class EngineServer:
         self._wake = asyncio.Event()
         self._engine_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._kv_pub: KVEventPublisher | None = None
+        self._kv_tokens: dict[Hashable, tuple[list[int], int]] = {}
+        if config.kv_events:
+            pod = config.kv_events_pod or f"{config.host}:{config.port}"
+            self._kv_pub = KVEventPublisher(config.kv_events, f"kv@{pod}@{self.model}")
+            self.sched.kv.events = []
         self.app = self._make_app()
         self._log_stage("runtime_started")
 
@@ -187,6 +199,8 @@ class EngineServer:
             self._engine_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._engine_task
+        if self._kv_pub is not None:
+            self._kv_pub.close()
 
     def _log_stage(self, stage: str) -> None:
         line = {"event": "start_stage", "stage": stage, "t": self.stages.get(stage, time.time())}
@@ -223,6 +237,8 @@ class EngineServer:
                 now = time.monotonic()
                 for out in sched.complete(step, now):
                     self._deliver(out, now)
+                if self._kv_pub is not None:
+                    self._publish_kv()
             except Exception:
                 ids = (
                     [seq.req_id for seq, _ in step.scheduled]
@@ -235,6 +251,25 @@ class EngineServer:
                 for req_id in ids:
                     self._fail(req_id, "the engine step failed unexpectedly; retry the request")
                 await asyncio.sleep(0)
+
+    def _publish_kv(self) -> None:
+        """Send the prefix cache's changes since the last call as one vLLM EventBatch."""
+        kv = self.sched.kv
+        raw = kv.events
+        if self._kv_pub is None or not raw:
+            return
+        kv.events = []
+
+        def tokens_of(seq: Hashable) -> list[int] | None:
+            known = self._kv_tokens.get(seq)
+            if known is None:
+                return None
+            prompt, max_tokens = known
+            return prompt + Tokenizer.filler_ids(0, max_tokens)
+
+        self._kv_pub.publish(batch_events(raw, tokens_of, kv.block_size))
+        for req_id in [r for r in self._kv_tokens if r not in self._sinks]:
+            del self._kv_tokens[req_id]
 
     def _fail(self, req_id: Hashable, message: str) -> None:
         """Abort a request and answer it with a server error (500 or an SSE error event)."""
@@ -283,6 +318,8 @@ class EngineServer:
         except PromptTooLong as exc:
             raise _BadRequest(400, str(exc), param) from exc
         self._sinks[req_id] = sink
+        if self._kv_pub is not None:
+            self._kv_tokens[req_id] = (tokens, max_tokens)
         self._wake.set()
         return req_id, sink
 
@@ -540,6 +577,7 @@ class EngineServer:
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.sched.kv.reset()
+        self._publish_kv()
         return web.Response(status=200)
 
 

@@ -13,7 +13,7 @@ File format (YAML or JSON; see docs/routing.md)::
         index_entries: 200000       # learned block hashes kept (memory bound)
         max_holders: 8              # instances remembered per learned block
         balance_window: 1000        # decisions over which request shares are balanced
-        load_weight: 1.0            # excess load (vs mean) that offsets a cached share
+        load_weight: 0.05           # queued prefill vs this prompt's uncached prefill
         placement: learned          # learned | hash (stateless) | hybrid (agree; see docs)
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504

@@ -105,6 +105,13 @@ class RouterMetrics:
             ["status"],
             registry=r,
         )
+        self.kv_capacity = Gauge(
+            "preheat_router_kv_capacity_tokens",
+            "KV-cache capacity the instance's engine reports (vllm:cache_config_info "
+            "block_size x num_gpu_blocks, or llama.cpp context x slots)",
+            ["variant", "instance"],
+            registry=r,
+        )
         self.decision_log_dropped = Counter(
             "preheat_router_decision_log_dropped",
             "Decision-log records dropped because the write failed (disk full, I/O error)",
@@ -139,6 +146,8 @@ class RouterMetrics:
         self.requests.pop((variant, instance), None)
         with contextlib.suppress(KeyError):
             self.healthy.remove(variant, instance)
+        with contextlib.suppress(KeyError):
+            self.kv_capacity.remove(variant, instance)
         self._children = {
             k: v for k, v in self._children.items() if not (len(k) >= 3 and k[2] == instance)
         }

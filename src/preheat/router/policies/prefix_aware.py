@@ -9,34 +9,10 @@ Algorithm (one decision; no I/O, no clock; deterministic given the request strea
    to cut *i*, so the next turn of a chat repeats every hash of the previous turn. The
    request key is ``chain[-1]``; an ``X-Preheat-Prefix-Id`` hint replaces the chain by
    one hashed id.
-2. **Bounds.** With ``n`` candidates and ``T`` requests in flight, an instance may take
-   the request only if
-   * ``in_flight < min(concurrency_threshold, ceil((1+balance_epsilon)(T+1)/n) + 1)``
-     (bounded-load consistent hashing, Mirrokni et al. 2018, with one request of slack
-     ``INFLIGHT_SLACK`` so a small fleet at low load keeps affinity), and
-   * its recent request count is below ``mean + balance_epsilon * max(mean, 10) + 1``.
-     Recent counts decay by ``1 - 1/balance_window`` per decision, so request *shares*
-     stay within about (1+epsilon) of the mean over the window (an instance that serves
-     cache hits finishes faster, so an in-flight bound alone does not balance shares).
-   If no instance passes both, the share bound is dropped; if none passes the
-   in-flight bound either, the least-loaded instance takes it (``fallback``).
-3. **Learned holders.** A bounded LRU index maps each block hash to the (up to
-   ``max_holders``) instances most recently sent a prompt through it. The longest known
-   block of the chain gives ``matched_blocks`` and its holders.
-4. **Choice.** Among instances under the bounds, the highest
-   ``value = cached_share - load_weight * (recent - mean) / max(mean, 10)`` wins, where
-   ``cached_share`` is the matched part of the prompt (0-1) for a holder and 0 for any
-   other instance; ties go to the highest rendezvous score of the request key. A deep
-   match (a document, a long chat) therefore stays put until its holder is well above
-   the mean, while a shallow one (a short system prompt every instance will soon hold)
-   barely matters, and cold prefixes go to the least-loaded instance, then stay sticky
-   through the index. Outcomes: ``affinity`` (``hint`` for a hinted key) when a holder
-   wins; ``spill`` when the prefix is known but a non-holder wins; ``fallback`` for a
-   cold prefix (placed by load) or when every instance is at its in-flight bound.
-5. **Spill along the prefix's own order.** If every holder is at a bound, the others
-   are tried in rendezvous order of the *matched block's* hash, so a hot prefix's
-   overflow always lands on the same next instance, which warms up and joins the
-   holders: the warm set grows with the prefix's request rate (``spill``).
+2. **Placement** ``learned`` (the default): the least predicted TTFT over the
+   capacity-modelled learned index, under the in-flight and share bounds, spilling
+   along the matched prefix's own rendezvous order; the algorithm and its thresholds
+   are in router/policies/predicted.py. ``hash`` and ``hybrid`` are below.
 
 Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 
@@ -46,7 +22,8 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 * ``balance_epsilon`` (0.10; 0.01-10): allowed excess over the mean, for in-flight and
   for recent request counts; smaller is tighter balance and more spills.
 * ``balance_window`` (1,000 decisions): the memory of the share bound.
-* ``load_weight`` (1.0; 0-100): how strongly excess load offsets a cached share.
+* ``load_weight`` (0.05; 0-100): how much queued prefill weighs against uncached
+  prefill (predicted.py).
 * ``block_chars`` (2,048; 512-16,384): matching granularity; fewer, bigger blocks hash
   faster.
 * ``index_entries`` (200,000): learned block hashes kept in total (LRU): the memory
@@ -102,13 +79,14 @@ the index holds 64-bit keyed hashes and instance ids only.
 from __future__ import annotations
 
 from bisect import insort
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from math import ceil
 from typing import TYPE_CHECKING
 
 from preheat.errors import NoHealthyInstance
+from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
+from preheat.router.policies.predicted import PredictedPlacement, block_tokens
 from preheat.router.prefix import (
     CHARS_PER_TOKEN,
     MASK64,
@@ -132,7 +110,21 @@ HOT_SPREAD = 2.0
 # bound is on decayed counts; the margin keeps plain shares within 1 + epsilon).
 WARM_MARGIN = 0.8
 _PREAMBLE_ROLES = ("system", "developer")
+# Placements that key a prompt by its home block (the first turn's first block).
+_HOMED = ("hybrid",)
 _INF = float("inf")
+
+
+def _home_block(pk: PrefixKey, fstart: int, fend: int) -> int:
+    """The home block: the first cut at least ``HOME_CHARS`` into the first turn (or that
+    turn's end if it is shorter); the last block for a hinted or one-block key."""
+    hd = len(pk.chain) - 1
+    if not pk.hinted and hd > 0:
+        t = min(fstart + HOME_CHARS, fend)
+        for i, c in enumerate(pk.cuts):
+            if c >= t:
+                return i
+    return hd
 
 
 def _scores(key: int, seeds: list[int]) -> list[int]:
@@ -140,55 +132,8 @@ def _scores(key: int, seeds: list[int]) -> list[int]:
     return [((key ^ s) * _MUL) & MASK64 for s in seeds]
 
 
-class LearnedIndex:
-    """Recently routed block hashes -> the instances they went to (bounded, LRU)."""
-
-    def __init__(self, max_entries: int, max_holders: int) -> None:
-        self.max_entries = max_entries
-        self.max_holders = max_holders
-        self._d: OrderedDict[int, tuple[str, ...]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def longest(self, chain: Sequence[int]) -> tuple[int, tuple[str, ...]]:
-        """(number of leading blocks known, their holders); (0, ()) for a cold chain."""
-        d = self._d
-        for j in range(len(chain) - 1, -1, -1):
-            holders = d.get(chain[j])
-            if holders is not None:
-                return j + 1, holders
-        return 0, ()
-
-    def record(self, chain: Sequence[int], instance_id: str) -> None:
-        """Note that ``instance_id`` was sent a prompt through every block of ``chain``.
-
-        Holders of a block are kept in the order they first got it; the oldest is
-        dropped when a block has ``max_holders``.
-        """
-        d = self._d
-        cap = self.max_holders
-        move = d.move_to_end
-        for h in chain:
-            cur = d.get(h)
-            if cur is None:
-                d[h] = (instance_id,)
-            else:
-                if instance_id not in cur:
-                    d[h] = (*cur[1:], instance_id) if len(cur) >= cap else (*cur, instance_id)
-                move(h)
-        while len(d) > self.max_entries:
-            d.popitem(last=False)
-
-    def forget(self, instance_id: str) -> None:
-        """Drop an instance that left the variant from every entry."""
-        for h, holders in list(self._d.items()):
-            if instance_id in holders:
-                rest = tuple(x for x in holders if x != instance_id)
-                if rest:
-                    self._d[h] = rest
-                else:
-                    del self._d[h]
+#: The learned index is the capacity-modelled one (router/kvindex.py) for every placement.
+LearnedIndex = CapacityIndex
 
 
 class PrefixAwarePolicy(BasePolicy[InstT]):
@@ -201,7 +146,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
     ) -> None:
         self.params = params
         self.hasher = PrefixHasher(salt, params.block_chars)
-        self.index = LearnedIndex(params.index_entries, params.max_holders)
+        self.index = CapacityIndex(params.index_entries, params.max_holders)
+        self._predicted = PredictedPlacement(self.index)
         self._ids: list[str] = []
         self._seed_list: list[int] = []
         self._pos: dict[str, int] = {}
@@ -243,7 +189,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             cache_salt=salt if isinstance(salt, str) else None,
         )
         start, end = 0, total
-        msgs = body.get("messages") if self.params.placement == "hybrid" else None
+        msgs = body.get("messages") if self.params.placement in _HOMED else None
         if isinstance(msgs, list) and ends:
             # ends: [fields end,] then one end per message.
             off = len(ends) - len(msgs)
@@ -286,104 +232,15 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         if n == 0:
             raise NoHealthyInstance("no instance can take the request")
         p = self.params
-        eps = p.balance_epsilon
         pk, fstart, fend = self._key(request)
-        chain = pk.chain
         self._sync(instances)
         seeds = self._seed_list
-        pos = self._pos
-        recent = self._rl
-        g = self._g
         loads = [i.in_flight for i in instances]
         if p.placement == "hash":
             return self._choose_hashed(pk, instances, loads, seeds)
         if p.placement == "hybrid":
             return self._choose_hybrid(pk, fstart, fend, instances, loads, seeds)
-        # 2. bounds: in-flight (bounded-load hashing + slack) and recent request counts.
-        limit = min(
-            ceil((1.0 + eps) * (sum(loads) + 1) / n) + INFLIGHT_SLACK, p.concurrency_threshold
-        )
-        mean = sum(recent) / n
-        share_cap = mean + eps * max(mean, LOAD_FLOOR * g) + g
-        # ``low``: the least recent count under both bounds. The first instance in
-        # ascending recent order that is under the in-flight bound has it; if even that
-        # one is at the share bound, nobody is under both and the share bound is dropped.
-        low = _INF
-        ties: list[int] = []
-        for j in self._order:
-            if low == _INF:
-                if loads[j] < limit:
-                    low = recent[j]
-                    ties.append(j)
-            elif recent[j] != low:
-                break
-            elif loads[j] < limit:
-                ties.append(j)
-        if low >= share_cap:
-            share_cap = _INF
-        depth, holders = self.index.longest(chain)
-        warm = [pos[h] for h in holders if h in pos] if depth else []
-        key = pk.key
-
-        pick = -1
-        rank = 0
-        outcome = "fallback"
-        # A holder's recent count if it is under both bounds, else inf.
-        wm = [recent[j] if loads[j] < limit and recent[j] < share_cap else _INF for j in warm]
-        if warm and low != _INF and min(wm) == _INF:
-            # 5. every holder is at a bound: spill along the matched prefix's own
-            # rendezvous order, so its overflow always warms the same next instance.
-            order = _scores(chain[depth - 1], seeds)
-            eligible = [
-                o if x < limit and r < share_cap else -1
-                for o, x, r in zip(order, loads, recent, strict=True)
-            ]
-            pick = eligible.index(max(eligible))
-            top = order[pick]
-            rank = sum(1 for o in order if o > top)
-            outcome = "spill"
-        elif low != _INF:
-            # 4. value = cached share - load_weight * excess load; the best non-holder
-            # is simply the least loaded under the bounds (ties by rendezvous score).
-            norm = p.load_weight / max(mean, LOAD_FLOOR * g)
-            if len(ties) == 1:
-                pick = ties[0]
-            else:
-                pick = max(ties, key=lambda j: ((key ^ seeds[j]) * _MUL) & MASK64)
-            if warm:
-                best_v = -(low - mean) * norm
-                frac = 1.0 if pk.hinted else min(1.0, pk.cuts[depth - 1] / max(pk.prompt_chars, 1))
-                for j, cnt in zip(warm, wm, strict=True):
-                    if cnt != _INF:
-                        v = frac - (cnt - mean) * norm
-                        if v > best_v or j == pick:
-                            pick, best_v = j, v
-                if pick in warm:
-                    outcome = "hint" if pk.hinted else "affinity"
-                    sj = ((key ^ seeds[pick]) * _MUL) & MASK64
-                    rank = sum(1 for j in warm if ((key ^ seeds[j]) * _MUL) & MASK64 > sj)
-                else:
-                    outcome = "spill"
-        if pick < 0:
-            # everyone at the in-flight bound: least loaded, ties by rendezvous score.
-            least = min(loads)
-            ties = [j for j, x in enumerate(loads) if x == least]
-            pick = max(ties, key=lambda j: ((key ^ seeds[j]) * _MUL) & MASK64)
-
-        chosen = instances[pick]
-        matched = depth if pick in warm else 0
-        # Positional (instance, outcome, rank, matched_blocks, prefix_blocks,
-        # predicted_cached_tokens, prompt_chars, state): half the cost of keywords.
-        return Choice(
-            chosen,
-            outcome,
-            rank,
-            matched,
-            len(chain),
-            (pk.cuts[matched - 1] if matched else 0) // CHARS_PER_TOKEN,
-            pk.prompt_chars,
-            pk,
-        )
+        return self._choose_learned(pk, instances, loads, seeds)
 
     def _choose_hashed(
         self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
@@ -414,6 +271,37 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             state=None,
         )
 
+    def _choose_learned(
+        self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
+    ) -> Choice[InstT]:
+        """``placement: learned``: the least predicted TTFT under the in-flight and share
+        bounds, spilling along the matched prefix's order (router/policies/predicted.py)."""
+        p = self.params
+        pick, outcome, rank, held, unc = self._predicted.choose(
+            pk,
+            self._ids,
+            loads,
+            seeds,
+            self._rl,
+            self._order,
+            self._g,
+            epsilon=p.balance_epsilon,
+            load_weight=p.load_weight,
+            threshold=p.concurrency_threshold,
+        )
+        if outcome == "affinity" and pk.hinted:
+            outcome = "hint"
+        return Choice(
+            instances[pick],
+            outcome,
+            rank,
+            held,
+            len(pk.chain),
+            (pk.cuts[held - 1] if held else 0) // CHARS_PER_TOKEN,
+            pk.prompt_chars,
+            (pk, unc),
+        )
+
     def _choose_hybrid(
         self,
         pk: PrefixKey,
@@ -433,13 +321,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         recent = self._rl
         chain = pk.chain
         cuts = pk.cuts
-        hd = len(chain) - 1
-        if not pk.hinted and hd > 0:
-            t = min(fstart + HOME_CHARS, fend)
-            for i, c in enumerate(cuts):
-                if c >= t:
-                    hd = i
-                    break
+        hd = _home_block(pk, fstart, fend)
         home = chain[hd]
         scores = _scores(home, seeds)
         ranked = sorted(range(n), key=scores.__getitem__, reverse=True)
@@ -513,8 +395,11 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         if placement == "hash":
             return
         pk = choice.state
-        if isinstance(pk, PrefixKey):
-            self.index.record(pk.chain, choice.instance.id)
+        if placement == "learned" and isinstance(pk, tuple) and len(pk) == 2:
+            self._predicted.on_sent(pk[0], choice.instance.id, pk[1], request.body)
+        elif isinstance(pk, PrefixKey):
+            sizes, tail = block_tokens(pk, request.body)
+            self.index.record(pk.chain, choice.instance.id, sizes, tail)
         elif isinstance(pk, tuple) and placement == "hybrid":
             home, chain = pk
             self.index.record(chain, choice.instance.id)
@@ -543,8 +428,18 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
                 self._homes[h] /= g
             self._g = 1.0
 
+    def on_done(
+        self, request: RouteRequest, choice: Choice[InstT], *, ok: bool, cached_tokens: int | None
+    ) -> None:
+        st = choice.state
+        if isinstance(st, tuple) and len(st) == 2 and isinstance(st[0], PrefixKey):
+            self._predicted.on_done(choice.instance.id, st[1])
+
+    def set_capacity(self, instance_id: str, tokens: int | None) -> None:
+        self.index.set_capacity(instance_id, tokens)
+
     def forget(self, instance_id: str) -> None:
-        self.index.forget(instance_id)
+        self._predicted.forget(instance_id)
         for x, c in zip(self._ids, self._rl, strict=True):
             self._recent[x] = c
         self._recent.pop(instance_id, None)
