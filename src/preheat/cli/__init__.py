@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "report": "preheat.cli.report:report",
     "k8s": "preheat.cli.k8s:k8s",
     "agent": "preheat.cli.agent:agent",
+    # sim: the fleet simulator (routing; coldstart joins the same group)
+    "sim": "preheat.cli.sim:sim",
 }
 
 
