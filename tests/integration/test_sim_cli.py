@@ -30,7 +30,7 @@ def test_routing_json_has_every_figure() -> None:
     out = _sim(
         "--instances", "3", "--profile", "tiny", "--policy", "prefix_aware",
         "--workload", "aws-8k", "--requests", "60", "--concurrency", "6", "--seed", "2",
-        "--kv-blocks", "3000", "--json",
+        "--kv-blocks", "3000", "--set", "families=4", "--set", "max_tokens=8", "--json",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -46,6 +46,15 @@ def test_bad_options_name_the_fix() -> None:
     assert out.returncode != 0 and "choose one of" in out.stderr
     out = _sim("--instances", "2", "--profile", "tiny", "--policy", "random", "--workload", "rag")
     assert out.returncode != 0 and "--concurrency" in out.stderr
+    out = _sim(*base_rag(), "--set", "families")
+    assert out.returncode != 0 and "KEY=NUMBER" in out.stderr
+    out = _sim(*base_rag(), "--set", "nope=3")
+    assert out.returncode != 0 and "nope" in out.stderr
+
+
+def base_rag() -> tuple[str, ...]:
+    return ("--instances", "2", "--profile", "tiny", "--policy", "random", "--workload", "rag",
+            "--concurrency", "2", "--requests", "5")  # fmt: skip
 
 
 def test_trace_replay_timed_and_closed_loop(tmp_path: Path) -> None:

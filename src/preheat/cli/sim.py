@@ -30,8 +30,26 @@ def sim() -> None:
     """
 
 
+def workload_args(pairs: tuple[str, ...]) -> dict[str, int | float]:
+    """``KEY=VALUE`` workload parameters (numbers), e.g. ``families=300``."""
+    out: dict[str, int | float] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        try:
+            out[key] = float(value) if "." in value or "e" in value else int(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--set {pair!r}: give KEY=NUMBER, e.g. --set families=300")
+    return out
+
+
 def load_items(
-    workload: str | None, trace: Path | None, requests: int | None, seed: int
+    workload: str | None,
+    trace: Path | None,
+    requests: int | None,
+    seed: int,
+    params: dict[str, int | float] | None = None,
 ) -> list[SimItem]:
     """The requests of a named workload (``requests`` of them) or of a JSONL trace."""
     if (workload is None) == (trace is None):
@@ -49,9 +67,11 @@ def load_items(
         raise ConfigError(
             f"workload {workload!r} is unknown; choose one of {', '.join(sorted(WORKLOADS))}"
         )
-    return [
-        SimItem(w.request_id, w.path, w.body, w.after) for w in make(requests or 1000, seed=seed)
-    ]
+    try:
+        work = make(requests or 1000, seed=seed, **(params or {}))
+    except TypeError as exc:
+        raise ConfigError(f"workload {workload!r}: {exc}; see bench/workloads.py") from exc
+    return [SimItem(w.request_id, w.path, w.body, w.after) for w in work]
 
 
 @sim.command()
@@ -77,6 +97,13 @@ def load_items(
     help="prefix_aware placement (router/policies/prefix_aware.py).",
 )
 @click.option("--workload", default=None, help=f"Seeded workload: {', '.join(sorted(WORKLOADS))}.")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A workload parameter (bench/workloads.py), e.g. --set families=300; repeatable.",
+)
 @click.option(
     "--trace",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -114,6 +141,7 @@ def routing(
     policy: str,
     placement: str,
     workload: str | None,
+    settings: tuple[str, ...],
     trace: Path | None,
     requests: int | None,
     concurrency: int | None,
@@ -132,7 +160,7 @@ def routing(
     without needs --concurrency.
     """
     try:
-        items = load_items(workload, trace, requests, seed)
+        items = load_items(workload, trace, requests, seed, workload_args(settings))
         if concurrency is None and rate is None and items[0].t is None:
             raise ConfigError("give --concurrency C (closed loop) or --rate R (open loop)")
         cfg = RoutingConfig(

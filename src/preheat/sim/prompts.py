@@ -11,7 +11,9 @@ the text cut after each ``<|eot_id|>`` encodes piece by piece to the same ids. E
 piece, keyed by the pieces before it, keeps its cumulative tokens and full-block
 hashes in a bounded LRU; a request that repeats a conversation's or a document's
 earlier messages reuses them and hashes only its new blocks (``block_hashes`` with
-``parent``), which gives the same chain as hashing the whole prompt.
+``parent``), which gives the same chain as hashing the whole prompt. The piece after
+the last message (the generation prompt) is never a later prompt's prefix and is not
+kept. Completions prompts have no safe cut and are encoded whole.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class PromptBuilder:
     """
 
     def __init__(
-        self, block_size: int = DEFAULT_BLOCK_SIZE, *, memo_tokens: int = 4_000_000
+        self, block_size: int = DEFAULT_BLOCK_SIZE, *, memo_tokens: int = 16_000_000
     ) -> None:
         self.block_size = block_size
         self.tokenizer = Tokenizer()
@@ -125,6 +127,8 @@ class PromptBuilder:
                 parent = hashes[-1] if hashes else None
                 more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
                 hashes = hashes + tuple(more)
+            if i == last:
+                break  # the generation prompt after the last message: never a prefix
             node = self._next_id
             self._next_id += 1
             memo[key] = (node, tokens, hashes)
