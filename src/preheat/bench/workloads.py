@@ -8,6 +8,16 @@
 * ``templated``: a few long assistant templates (Zipf-popular) with a short user input;
   completions format.
 * ``unique``: prompts that share nothing (the negative control).
+* ``aws-8k``: the published SageMaker setting: ``families`` document families, each an
+  ``prefix_tokens``-token shared system prompt (8,000), picked with Zipf exponent
+  ``zipf_s`` (0: uniform), and a short unique user question (``suffix_tokens``, 100);
+  chat format. Token counts are exact under the simulated engine's tokenizer.
+* ``code``: code completion over ``repos`` repositories (Zipf-popular): a shared
+  repository context (``context_chars``), then one of ``files`` files (Zipf-popular)
+  cut at a random cursor; completions format, short outputs.
+
+The fleet simulator (``preheat sim routing --workload NAME``) and the live benchmarks
+draw from the same ``WORKLOADS`` registry.
 
 Every generator takes ``seed``; the same arguments give the same stream, byte for byte.
 """
@@ -182,6 +192,96 @@ def unique(n: int, *, chars: int = 6000, max_tokens: int = 32, seed: int = 0) ->
     return out
 
 
+def _word_tokens(word: str, lead: bool) -> int:
+    # The simulated tokenizer cuts a word piece (with its leading space) into chunks of
+    # at most 6 characters (engine/core/tokenizer.py); a letters-only word is one piece.
+    return -(-(len(word) + lead) // 6)
+
+
+def text_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> str:
+    """Pseudo-words that are exactly ``tokens`` tokens for the simulated tokenizer."""
+    out: list[str] = []
+    n = 0
+    while n < tokens:
+        w = vocab[rng.randrange(len(vocab))]
+        k = _word_tokens(w, bool(out))
+        if n + k > tokens:
+            w = w[: 5 if out else 6]  # one token: at most 6 characters with the space
+            k = 1
+        out.append(w)
+        n += k
+    return " ".join(out)
+
+
+def aws_8k(
+    n: int,
+    *,
+    families: int = 100,
+    prefix_tokens: int = 8000,
+    suffix_tokens: int = 100,
+    zipf_s: float = 0.0,
+    max_tokens: int = 64,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """SageMaker's prefix-routing benchmark shape: per document family an 8,000-token
+    shared prefix (the system message) and a short unique question."""
+    _check(n, "n")
+    _check(families, "families")
+    _check(prefix_tokens, "prefix_tokens")
+    _check(suffix_tokens, "suffix_tokens")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    prefixes = [text_tokens(rng, prefix_tokens, vocab) for _ in range(families)]
+    w = zipf_weights(families, zipf_s)
+    picks = rng.choices(range(families), weights=w, k=n)
+    out = []
+    for i, f in enumerate(picks):
+        body = {
+            "model": "m",
+            "max_tokens": max_tokens,
+            "messages": [
+                {"role": "system", "content": prefixes[f]},
+                {"role": "user", "content": text_tokens(rng, suffix_tokens, vocab)},
+            ],
+        }
+        out.append(WorkItem(f"aws-{seed}-{i}", CHAT, body, f"family{f}"))
+    return out
+
+
+def code(
+    n: int,
+    *,
+    repos: int = 4,
+    files: int = 40,
+    context_chars: int = 4000,
+    file_chars: int = 6000,
+    zipf_s: float = 1.1,
+    max_tokens: int = 16,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """Code completion: repository context, then a file cut at a random cursor."""
+    _check(n, "n")
+    _check(repos, "repos")
+    _check(files, "files")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    ctx = [f"# repository {r}\n" + text(rng, context_chars, vocab) for r in range(repos)]
+    src = [
+        [f"\n# file {r}/{f}.py\n" + text(rng, file_chars, vocab) for f in range(files)]
+        for r in range(repos)
+    ]
+    rw = zipf_weights(repos, zipf_s)
+    fw = zipf_weights(files, zipf_s)
+    out = []
+    for i in range(n):
+        r = rng.choices(range(repos), weights=rw)[0]
+        f = rng.choices(range(files), weights=fw)[0]
+        cursor = rng.randrange(file_chars // 4, file_chars)
+        body = {"model": "m", "max_tokens": max_tokens, "prompt": ctx[r] + src[r][f][:cursor]}
+        out.append(WorkItem(f"code-{seed}-{i}", COMPLETIONS, body, f"repo{r}/file{f}"))
+    return out
+
+
 #: The share of each workload in ``mixed`` traffic.
 MIX: dict[str, float] = {"rag": 0.3, "chat": 0.3, "templated": 0.2, "unique": 0.2}
 
@@ -232,6 +332,8 @@ WORKLOADS: dict[str, Callable[..., list[WorkItem]]] = {
     "templated": templated,
     "unique": unique,
     "mixed": mixed,
+    "aws-8k": aws_8k,
+    "code": code,
 }
 
 

@@ -28,6 +28,9 @@ COMMANDS: dict[str, str] = {
     "agent": "preheat.cli.agent:agent",
     # images (issue 11): the node image cache
     "image": "preheat.cli.image:image",
+
+    # sim: the fleet simulator (routing; coldstart joins the same group)
+    "sim": "preheat.cli.sim:sim",
 }
 
 

@@ -165,15 +165,25 @@ class Scheduler:
         arrival: float,
         *,
         salt: str | None = None,
+        hashes: Sequence[int] | None = None,
     ) -> SeqState:
-        """Queue a request (validated with :meth:`check`)."""
+        """Queue a request (validated with :meth:`check`).
+
+        ``hashes``: the prompt's full-block hashes if the caller already has them (the
+        fleet simulator memoises shared prefixes); they must equal
+        ``block_hashes(prompt_tokens, block_size, salt=salt)``.
+        """
         if req_id in self._seqs:
             raise ValueError(f"request id {req_id!r} is already in the engine")
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens} must be at least 1")
         self.check(len(prompt_tokens), max_tokens)
         seq = SeqState(req_id, list(prompt_tokens), max_tokens, arrival, salt)
-        seq.hashes = block_hashes(seq.prompt_tokens, self.kv.block_size, salt=salt)
+        seq.hashes = (
+            block_hashes(seq.prompt_tokens, self.kv.block_size, salt=salt)
+            if hashes is None
+            else list(hashes)
+        )
         self._seqs[req_id] = seq
         self.waiting.append(seq)
         return seq

@@ -1,0 +1,139 @@
+"""Request bodies to the tokens and KV block hashes the simulated engine computes (pure).
+
+The same steps as ``engine/server.py``: a chat body is rendered with the engine's chat
+template (``engine.core.chat.render_chat``) and encoded by its tokenizer; a completions
+``prompt`` is encoded, or taken as token ids; ``max_tokens`` (or
+``max_completion_tokens``) defaults to the engine's 128 (chat) or 16 (completions).
+So a body replayed here and sent to a live engine yields the same prompt tokens.
+
+Memoisation (exact, for speed): the tokenizer treats special tokens as separators, so
+the text cut after each ``<|eot_id|>`` encodes piece by piece to the same ids. Each
+piece, keyed by the pieces before it, keeps its cumulative tokens and full-block
+hashes in a bounded LRU; a request that repeats a conversation's or a document's
+earlier messages reuses them and hashes only its new blocks (``block_hashes`` with
+``parent``), which gives the same chain as hashing the whole prompt. The piece after
+the last message (the generation prompt) is never a later prompt's prefix and is not
+kept. Completions prompts have no safe cut and are encoded whole.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from preheat.engine.core.chat import render_chat
+from preheat.engine.core.tokenizer import Tokenizer
+from preheat.errors import ConfigError
+from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
+
+__all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "Prompt", "PromptBuilder"]
+
+# The engine's defaults (engine/server.py; a unit test keeps them equal).
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 128
+_EOT = "<|eot_id|>"
+# A memoised piece: its node id, the cumulative tokens and full-block hashes through it.
+_Node = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What the engine computes for one body: prompt tokens, their full-block hashes."""
+
+    tokens: tuple[int, ...]
+    hashes: tuple[int, ...]
+    max_tokens: int
+    salt: str | None
+
+
+class PromptBuilder:
+    """Tokenizes and hashes bodies like the simulated engine, memoising shared pieces.
+
+    ``memo_tokens`` bounds the memo by the tokens it holds (cumulative per piece).
+    """
+
+    def __init__(
+        self, block_size: int = DEFAULT_BLOCK_SIZE, *, memo_tokens: int = 16_000_000
+    ) -> None:
+        self.block_size = block_size
+        self.tokenizer = Tokenizer()
+        self.memo_tokens = memo_tokens
+        self._memo: OrderedDict[tuple[int, str | None, str], _Node] = OrderedDict()
+        self._held = 0
+        self._next_id = 1
+
+    def build(self, path: str | None, body: Mapping[str, Any]) -> Prompt:
+        """The engine's view of ``body`` sent to ``path`` (``None``: chat if the body has
+        ``messages``, else completions); ``ConfigError`` names a bad field."""
+        salt = body.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ConfigError("'cache_salt' must be a string")
+        chat = "messages" in body if path is None else path.endswith("/chat/completions")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        if max_tokens is None:
+            max_tokens = DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ConfigError(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
+        if chat:
+            if "messages" not in body:
+                raise ConfigError("'messages' is required for /v1/chat/completions")
+            text = render_chat(body["messages"], body.get("tools"))
+            tokens, hashes = self._chat(text, salt)
+        else:
+            tokens = tuple(self._prompt_ids(body.get("prompt")))
+            hashes = tuple(block_hashes(tokens, self.block_size, salt=salt))
+        return Prompt(tokens, hashes, max_tokens, salt)
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        # As EngineServer._prompt_tokens: a string, [string], or token ids.
+        enc = self.tokenizer.encode
+        if isinstance(prompt, str):
+            return enc(prompt)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return enc(prompt[0])
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        ):
+            return list(prompt)
+        raise ConfigError("'prompt' must be a string or a non-empty list of token ids")
+
+    def _chat(self, text: str, salt: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        pieces = text.split(_EOT)
+        memo = self._memo
+        bs = self.block_size
+        node = 0
+        tokens: tuple[int, ...] = ()
+        hashes: tuple[int, ...] = ()
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
+            if i < last:
+                piece += _EOT
+            elif not piece:
+                break
+            key = (node, salt, piece)
+            hit = memo.get(key)
+            if hit is not None:
+                memo.move_to_end(key)
+                node, tokens, hashes = hit
+                continue
+            tokens = tokens + tuple(self.tokenizer.encode(piece))
+            start = len(hashes) * bs
+            full = len(tokens) // bs * bs
+            if full > start:
+                parent = hashes[-1] if hashes else None
+                more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
+                hashes = hashes + tuple(more)
+            if i == last:
+                break  # the generation prompt after the last message: never a prefix
+            node = self._next_id
+            self._next_id += 1
+            memo[key] = (node, tokens, hashes)
+            self._held += len(tokens)
+            while self._held > self.memo_tokens and len(memo) > 1:
+                _, (_, old, _) = memo.popitem(last=False)
+                self._held -= len(old)
+        return tokens, hashes
