@@ -26,6 +26,9 @@ COMMANDS: dict[str, str] = {
     "report": "preheat.cli.report:report",
     "k8s": "preheat.cli.k8s:k8s",
     "agent": "preheat.cli.agent:agent",
+    # operator (issue 10): the Kubernetes operator and its pods' init container
+    "operator": "preheat.cli.operator:operator",
+    "snapshot-init": "preheat.cli.operator:snapshot_init",
 }
 
 
