@@ -418,3 +418,167 @@ def test_scale_out_past_warm_nodes_starts_a_cold_pod_from_the_origin(world: Worl
         30,
     )
     assert ep["status"]["readyReplicas"] == 3
+
+
+def _deployment(world: World) -> dict[str, Any]:
+    return dict(world.get("/apis/apps/v1/namespaces/default/deployments/chat-main"))
+
+
+def _versions(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["annotations"]["preheat.dev/version"] for p in pods}
+
+
+def test_requests_through_the_router_reach_the_pods_with_prefix_aware_routing(world: World) -> None:
+    """The router finds the pods through the variant Service's EndpointSlices, and one
+    prompt keeps going to one pod (prefix-aware)."""
+    _start_router(world)
+    urls = {f"http://{p['status']['podIP']}:8000" for p in world.ready_pods()}
+    _until("the router lists the 3 pods", lambda: set(_router_instances(world)) == urls, 60)
+    seen: dict[str, set[str]] = {}
+    for i in range(12):
+        prompt = f"prompt-{i % 3} " + "shared context " * 200
+        status, instance = world.complete(prompt)
+        assert status == 200, instance
+        seen.setdefault(prompt[:9], set()).add(instance)
+    assert all(len(v) == 1 for v in seen.values()), seen
+    assert set().union(*seen.values()) <= urls
+
+
+def test_version_change_warms_first_rolls_without_a_failed_request_then_drops_the_old_cache(
+    world: World,
+) -> None:
+    """v1 -> v2 under a bounded load: the v2 cache is warmed before any v2 pod, the
+    rollout surges, no request fails, and the v1 cache is deleted only afterwards."""
+    _, v1, _ = world.models["v1"]
+    _, v2, v2_digest = world.models["v2"]
+    world.patch_endpoint({"spec": _endpoint_body(world, "v1", 2)["spec"]})
+    _until("2 pods", lambda: len(world.pods()) == 2 and len(world.ready_pods()) == 2, 60)
+    results: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        for i in range(600):  # bounded in count and (below) in time
+            if stop.is_set():
+                return
+            results.append(world.complete(f"load-{i % 5} " + "x " * 100)[0])
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    try:
+        world.patch_endpoint({"spec": _endpoint_body(world, "v2", 2)["spec"]})
+
+        def caches() -> set[str]:
+            return {c["spec"]["revision"] for c in world.get(f"{API}/modeldatacaches")["items"]}
+
+        _until("the v2 cache", lambda: v2 in caches(), 30)
+        # No v2 pod before the v2 gate opened: the Deployment still runs v1 while it fills.
+        first = _deployment(world)["spec"]["template"]["metadata"]["annotations"]
+        if world.condition(world.endpoint(), "CacheReady").get("status") == "False":
+            assert first["preheat.dev/revision"] == v1
+        _until(
+            "every pod runs v2 and Ready",
+            lambda: (
+                len(world.ready_pods()) == 2
+                and len(world.pods()) == 2
+                and {p["metadata"]["annotations"]["preheat.dev/revision"] for p in world.pods()}
+                == {v2}
+                and world.condition(world.endpoint(), "Ready").get("status") == "True"
+            ),
+            120,
+        )
+        _until("the v1 cache is deleted", lambda: v1 not in caches(), 60)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert results and all(s == 200 for s in results), sorted(set(results))
+    world.numbers["rollout_requests"] = len(results)
+    label = revision_label(v2_digest)
+    assert all(
+        world.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(label)
+        for n in ("node-a", "node-b")
+    )
+    assert world.events("RolloutFinished") and world.events("CacheDeleted")
+    ep = world.endpoint()
+    assert ep["status"]["variants"][0]["stable"].startswith(v2)
+
+
+def test_a_rollout_that_never_becomes_ready_rolls_back_and_says_degraded(world: World) -> None:
+    """An engine that cannot start crash-loops; the operator rolls the Deployment back to
+    the stable version and sets Degraded=True (RolloutFailed)."""
+    stable = world.endpoint()["status"]["variants"][0]["stable"]
+    body = _endpoint_body(world, "v2", 2)["spec"]
+    broken = {"command": "preheat engine serve --no-such-flag {snapshot} {port}"}
+    for v in body["variants"]:
+        v["engine"] = broken
+    body["engine"] = {"simulated": None, **broken}  # merge patch: drop the old engine
+    world.patch_endpoint({"spec": body})
+    ep = _until(
+        "Degraded=True",
+        lambda: (
+            world.condition(world.endpoint(), "Degraded").get("status") == "True"
+            and world.endpoint()
+        ),
+        120,
+    )
+    assert world.condition(ep, "Degraded")["reason"] == "RolloutFailed"
+    assert world.events("RolledBack")
+    _until(
+        "the Deployment is back on the stable version",
+        lambda: (
+            _deployment(world)["spec"]["template"]["metadata"]["annotations"]["preheat.dev/version"]
+            == stable
+        ),
+        30,
+    )
+    _until(
+        "2 stable pods ready",
+        lambda: _versions(world.ready_pods()) == {stable} and len(world.ready_pods()) == 2,
+        60,
+    )
+
+
+def test_a_lost_node_s_pod_is_replaced_and_the_node_comes_back_warm(world: World) -> None:
+    """Deleting node-b's Node: its pod is replaced on a live node; the node re-registered
+    keeps its store, gets its revision label back and counts as warm again."""
+    _, v2, v2_digest = world.models["v2"]
+    on_b = [p["metadata"]["name"] for p in world.pods() if p["spec"].get("nodeName") == "node-b"]
+    assert on_b
+    world.kube.kubectl("delete", "node", "node-b", "--wait=false")
+    _until(
+        "2 ready pods, none on node-b",
+        lambda: (
+            len(world.ready_pods()) == 2
+            and all(p["spec"].get("nodeName") != "node-b" for p in world.pods())
+        ),
+        90,
+    )
+    assert world.events("PodReplaced")
+    world.kube.stop_node("node-b")
+    world.kube.add_node("node-b", labels=NODES["node-b"], cpu="4")
+    label = revision_label(v2_digest)
+    _until(
+        "node-b labelled again",
+        lambda: world.get("/api/v1/nodes/node-b")["metadata"]["labels"].get(label),
+        60,
+    )
+    _until("2 warm nodes again", lambda: world.endpoint()["status"].get("warmNodes") == 2, 30)
+    assert v2 in {c["spec"]["revision"] for c in world.get(f"{API}/modeldatacaches")["items"]}
+
+
+def test_deleting_the_endpoint_leaves_no_orphan(world: World) -> None:
+    """The endpoint's Deployment, Service, caches and pods all go with it."""
+    world.kube.rest().must("DELETE", f"{API}/inferenceendpoints/chat")
+    sel = "labelSelector=preheat.dev/endpoint%3Dchat"
+
+    def gone() -> bool:
+        return (
+            world.call("GET", f"{API}/inferenceendpoints/chat")[0] == 404
+            and not world.get(f"/apis/apps/v1/namespaces/default/deployments?{sel}")["items"]
+            and not world.get(f"/apis/apps/v1/namespaces/default/replicasets?{sel}")["items"]
+            and not world.get(f"/api/v1/namespaces/default/services?{sel}")["items"]
+            and not world.get(f"{API}/modeldatacaches")["items"]
+            and not world.get(f"/api/v1/namespaces/default/pods?{sel}")["items"]
+        )
+
+    _until("nothing of the endpoint left", gone, 90)
+    assert "preheat_operator_actions_total" in _metrics(world)
