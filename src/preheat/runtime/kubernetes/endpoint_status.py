@@ -152,7 +152,7 @@ def endpoint_status(view: EndpointView, old: Mapping[str, Any], *, now: str) -> 
         return out
     w = view.spec.cache.weights
     variants, cache_bad, not_ready, progressing, degraded = [], [], [], [], []
-    total = ready_total = 0
+    total = ready_total = ready_target = 0
     first_rev, first_warm = "", 0
     for dv in view.desired.variants:
         mem = view.memory.get(dv.name) or VariantMemory()
@@ -209,6 +209,7 @@ def endpoint_status(view: EndpointView, old: Mapping[str, Any], *, now: str) -> 
             degraded.append(("Unschedulable", f"{dv.name}: {view.unschedulable[dv.name]}"))
         total += dv.replicas
         ready_total += len(ready)
+        ready_target += min(len(ready_new), dv.replicas)
         res = view.resolved.get(dv.name)
         variants.append(
             {
@@ -240,7 +241,7 @@ def endpoint_status(view: EndpointView, old: Mapping[str, Any], *, now: str) -> 
     if not_ready:
         conds.append(Condition("Ready", False, not_ready[0][0], "; ".join(m for _, m in not_ready)))
     else:
-        conds.append(Condition("Ready", True, "AllReplicasReady", f"{ready_total}/{total} ready"))
+        conds.append(Condition("Ready", True, "AllReplicasReady", f"{ready_target}/{total} ready"))
     if progressing:
         conds.append(
             Condition("Progressing", True, progressing[0][0], "; ".join(m for _, m in progressing))

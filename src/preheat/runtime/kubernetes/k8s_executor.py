@@ -137,6 +137,10 @@ def _epoch(text: str | None) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def _short(revision: str) -> str:
+    return revision.removeprefix("sha256:")[:12]
+
+
 def _compact(obj: Any) -> Any:
     """Without empty strings and ``None`` (the 1.20 test API server stores an empty string
     as null and then refuses the object: "must be of type string")."""
@@ -422,7 +426,7 @@ class KubeExecutor:
             return
         p.caches[name] = created
         self.emit(p.endpoint, "Normal", "CacheCreated",
-                  f"ModelDataCache {name} for revision {action.revision[:12]} "
+                  f"ModelDataCache {name} for revision {_short(action.revision)} "
                   f"({p.spec.cache.weights.nodes.describe()})")  # fmt: skip
 
     async def wait_gate(self, action: WaitGate, /) -> None:
@@ -441,12 +445,12 @@ class KubeExecutor:
             if action.timed_out:
                 self.emit(self.p.endpoint, "Warning", "CacheGateTimedOut",
                           f"{action.variant}: only {action.ready} of {action.needed} target nodes "
-                          f"hold {action.revision[:12]}; deploying anyway (cold nodes pull from "
+                          f"hold {_short(action.revision)}; deploying anyway (cold nodes pull from "
                           "the origin)")  # fmt: skip
             else:
                 self.emit(self.p.endpoint, "Normal", "CacheReady",
                           f"{action.variant}: {action.ready} of {action.needed} target nodes hold "
-                          f"{action.revision[:12]}; deploying")  # fmt: skip
+                          f"{_short(action.revision)}; deploying")  # fmt: skip
 
     async def start_replica(self, action: StartReplica, /) -> None:
         self._count(action)
@@ -491,8 +495,8 @@ class KubeExecutor:
         mem.stable = action.revision
         if self.p.endpoint is not None and action.previous is not None:
             self.emit(self.p.endpoint, "Normal", "RolloutFinished",
-                      f"{action.variant}: every pod runs {revision_of(action.revision)[:12]} "
-                      f"(was {revision_of(action.previous)[:12]})")  # fmt: skip
+                      f"{action.variant}: every pod runs {_short(revision_of(action.revision))} "
+                      f"(was {_short(revision_of(action.previous))})")  # fmt: skip
 
     async def rollback(self, action: Rollback, /) -> None:
         self._count(action)
@@ -503,7 +507,7 @@ class KubeExecutor:
         if self.p.endpoint is not None:
             self.emit(self.p.endpoint, "Warning", "RolledBack",
                       f"{action.variant}: {action.reason}; back to "
-                      f"{revision_of(action.to)[:12]}")  # fmt: skip
+                      f"{_short(revision_of(action.to))}")  # fmt: skip
         await self._sync(action.variant)
 
     async def delete_revision(self, action: DeleteRevision, /) -> None:
@@ -526,7 +530,7 @@ class KubeExecutor:
         cache["metadata"]["deletionTimestamp"] = _iso(self.clock())
         if self.p.endpoint is not None:
             self.emit(self.p.endpoint, "Normal", "CacheDeleted",
-                      f"ModelDataCache {name}: revision {action.revision[:12]} is no longer "
+                      f"ModelDataCache {name}: revision {_short(action.revision)} is no longer "
                       "wanted (rollout finished)")  # fmt: skip
 
     async def notice(self, action: Notice, /) -> None:
@@ -576,7 +580,7 @@ class KubeExecutor:
             created = await self._call(self.apps.create_namespaced_deployment, self.namespace, body)
             p.deployments[name] = created.to_dict() if hasattr(created, "to_dict") else created
             self.emit(p.endpoint, "Normal", "DeploymentCreated",
-                      f"Deployment {name}: {dv.replicas} replicas of {rev[:12]}")  # fmt: skip
+                      f"Deployment {name}: {dv.replicas} replicas of {_short(rev)}")  # fmt: skip
             return
         cur = current["spec"]
         cur_version = cur["template"]["metadata"].get("annotations", {}).get(VERSION_ANNOTATION)
@@ -591,7 +595,7 @@ class KubeExecutor:
         current["spec"]["template"] = body["spec"]["template"]
         if cur_version != target:
             self.emit(p.endpoint, "Normal", "RolloutStarted",
-                      f"Deployment {name}: rolling to {rev[:12]} (surge 1, none unavailable)")  # fmt: skip
+                      f"Deployment {name}: rolling to {_short(rev)} (surge 1, none unavailable)")  # fmt: skip
 
     async def _ensure_service(self, variant: str, name: str) -> None:
         p = self.p
