@@ -145,3 +145,26 @@ def test_endpoint_status_says_why_the_gate_holds() -> None:
     assert conds["Ready"]["status"] == "False" and conds["Progressing"]["status"] == "True"
     assert out["observedGeneration"] == 3 and out["warmNodes"] == 1
     assert all(c["observedGeneration"] == 3 for c in out["conditions"])
+
+
+async def test_the_loop_commits_after_every_pass_even_with_nothing_to_plan() -> None:
+    """``commit`` (the Kubernetes executor's status write) runs after each pass, also
+    when ``observe`` had nothing to plan; an executor without one is left alone."""
+    from preheat.runtime.fleetlog import FleetLog
+    from preheat.runtime.reconcile import ReconcileLoop
+
+    class Committing:
+        def __init__(self) -> None:
+            self.commits = 0
+
+        async def observe(self) -> None:
+            return None
+
+        async def commit(self) -> None:
+            self.commits += 1
+
+    ex = Committing()
+    loop = ReconcileLoop(ex, FleetLog(None))  # type: ignore[arg-type]
+    await loop.once()
+    await loop.once()
+    assert ex.commits == 2 and loop.log.errors == 0
