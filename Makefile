@@ -37,3 +37,9 @@ unit: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# operator (issue 10): the Kubernetes-mode walkthrough (docs/kubernetes.md) on the test
+# cluster: 3 nodes, agents, operator, an endpoint, a scale-out, a version change.
+.PHONY: k8s-demo
+k8s-demo: venv
+	bash scripts/k8s-demo.sh

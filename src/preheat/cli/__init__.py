@@ -28,9 +28,11 @@ COMMANDS: dict[str, str] = {
     "agent": "preheat.cli.agent:agent",
     # images (issue 11): the node image cache
     "image": "preheat.cli.image:image",
-
     # sim: the fleet simulator (routing; coldstart joins the same group)
     "sim": "preheat.cli.sim:sim",
+    # operator (issue 10): the Kubernetes operator and its pods' init container
+    "operator": "preheat.cli.operator:operator",
+    "snapshot-init": "preheat.cli.operator:snapshot_init",
 }
 
 

@@ -2,8 +2,8 @@
 
 One loop serves every mode; what differs is the ``Executor``: local mode's
 (``runtime.local_executor.LocalExecutor``: node stores on disk, replica processes, a
-router child) and, later, Kubernetes mode's (custom resources, Deployments, node
-agents). The behaviour is the planner's (``control.plan``); an executor only reports the
+router child) and Kubernetes mode's (``runtime.kubernetes.k8s_executor.KubeExecutor``:
+ModelDataCaches, Deployments, Services). The behaviour is the planner's (``control.plan``); an executor only reports the
 world and carries out actions.
 
 The contract for an implementation:
@@ -43,6 +43,10 @@ the loop: start it as a background task and return; its progress shows up in the
 - ``rollback(Rollback)``: mark the version failed (never retried until the spec changes).
 - ``delete_revision(DeleteRevision)``: drop an unused revision from the node's cache.
 - ``notice(Notice)``: show an operator-facing message.
+
+Optional: ``commit()``, called after every pass (also one where ``observe`` returned
+``None``): publish what the pass did in one go (Kubernetes mode writes the objects'
+status and posts Events there). Local mode has none.
 
 Errors: an exception from ``observe`` or from one action is unexpected; the loop logs
 it with its traceback (``FleetLog.error``), carries on with the next action, and plans
@@ -176,6 +180,7 @@ class ReconcileLoop:
             self.log.error("reconcile: observe failed", exc)
             return
         if state is None:
+            await self._commit()
             return
         try:
             actions = plan(*state)
@@ -187,3 +192,14 @@ class ReconcileLoop:
                 await execute(self.executor, action)
             except Exception as exc:
                 self.log.error(f"reconcile: {type(action).__name__} failed", exc)
+        await self._commit()
+
+    async def _commit(self) -> None:
+        # Looked up on the class: the hook is part of an executor's definition, and a
+        # catch-all ``__getattr__`` (test doubles) must not turn into one.
+        if getattr(type(self.executor), "commit", None) is None:
+            return
+        try:
+            await self.executor.commit()  # type: ignore[attr-defined]
+        except Exception as exc:
+            self.log.error("reconcile: commit failed", exc)

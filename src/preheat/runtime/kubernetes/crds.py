@@ -341,14 +341,25 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
                 "replicas": _int(minimum=0),
                 "readyReplicas": _int(minimum=0),
                 "warmNodes": _int("Target nodes that hold the revision.", 0),
+                "message": _str("What the operator is doing or waiting for."),
+                "resolvedGeneration": _int("Generation whose sources were resolved.", 0),
                 "variants": _list(
                     _obj(
                         {
                             "name": _str(),
                             "revision": _str(),
+                            "digest": _str("Manifest digest of the revision's snapshot."),
+                            "bytes": _int(minimum=0),
                             "replicas": _int(minimum=0),
                             "readyReplicas": _int(minimum=0),
                             "warmNodes": _int(minimum=0),
+                            "stable": _str("The version that last finished rolling out."),
+                            "failedVersions": _list(_str(), "Versions rolled back."),
+                            "gatesOpen": _list(_str(), "Revisions whose cache gate opened."),
+                            "gateSince": _list(
+                                _obj({"revision": _str(), "since": _num(minimum=0)}),
+                                "When each revision's cache gate began waiting (Unix s).",
+                            ),
                         },
                         required=("name",),
                     )

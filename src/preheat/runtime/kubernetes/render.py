@@ -69,7 +69,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     _rule([GROUP], ["nodecaches"], _READ),
     _rule(["apps"], ["deployments"], [*_READ, *_WRITE]),
     _rule([""], ["services"], [*_READ, *_WRITE]),
-    _rule([""], ["pods"], _READ),
+    # delete: a pod on a lost node is deleted at once so its ReplicaSet replaces it.
+    _rule([""], ["pods"], [*_READ, "delete"]),
     _rule([""], ["nodes"], [*_READ, "patch"]),
     _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
     # kopf: discover the CRDs and namespaces it serves (runs with --standalone: no peering).

@@ -1,0 +1,306 @@
+"""The objects the operator creates for an endpoint, as plain dicts (pure: no I/O).
+
+Per endpoint model revision a ``ModelDataCache``; per variant a ``Deployment`` and a
+``Service``. Everything carries an owner reference to the ``InferenceEndpoint`` so the
+garbage collector removes it with the endpoint, and the labels below.
+
+The engine pod (a contract other components rely on):
+
+* labels ``app.kubernetes.io/name: preheat``, ``app.kubernetes.io/component: engine``,
+  ``preheat.dev/endpoint``, ``preheat.dev/variant``; annotations ``preheat.dev/revision``
+  (the manifest digest it runs), ``preheat.dev/snapshot`` (the same digest: the node
+  agent leases that snapshot for the pod) and ``preheat.dev/version`` (revision plus
+  engine/image fingerprint: what a rollout rolls);
+* **preferred** node affinity (never required) for nodes labelled
+  ``preheat.dev/rev-<12 hex>`` (the agent's label for a node that holds the revision);
+* the node store as a read-only ``hostPath`` at :data:`STORE_HOST_PATH`, and an init
+  container (``preheat snapshot-init``) that links the node's snapshot into a pod-local
+  ``emptyDir`` when the node holds it, or else pulls the revision from the origin into
+  that directory (HyperPod's fallback: a slower start, not a failed pod);
+* the engine's command from the endpoint's template (``{snapshot}``, ``{port}``,
+  ``{host}``, ``{model}``, ``{replica}``), listening on ``$(POD_IP)``:``ENGINE_PORT``,
+  with a readiness probe on ``/health``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from preheat.control.spec_types import CommandEngine, EndpointSpec, VariantSpec
+from preheat.runtime.kubernetes.crds import GROUP, VERSION
+from preheat.runtime.kubernetes.nodecache_status import SNAPSHOT_ANNOTATION, revision_label
+
+__all__ = [
+    "ENGINE_PORT",
+    "REVISION_ANNOTATION",
+    "STORE_HOST_PATH",
+    "VERSION_ANNOTATION",
+    "WEIGHTS_MOUNT",
+    "cache_body",
+    "cache_name",
+    "deployment_body",
+    "engine_argv",
+    "pod_labels",
+    "service_body",
+    "template_fingerprint",
+]
+
+STORE_HOST_PATH = "/var/lib/preheat/store"
+#: The pod-local directory the init container fills (a link or a pulled copy).
+WEIGHTS_MOUNT = "/weights"
+SNAPSHOT_PATH = f"{WEIGHTS_MOUNT}/model"
+ENGINE_PORT = 8000
+REVISION_ANNOTATION = "preheat.dev/revision"
+VERSION_ANNOTATION = "preheat.dev/version"
+ENDPOINT_LABEL = "preheat.dev/endpoint"
+VARIANT_LABEL = "preheat.dev/variant"
+CACHE_REVISION_LABEL = "preheat.dev/revision"
+DEFAULT_IMAGE = "preheat:0.1.0"
+
+Body = dict[str, Any]
+
+
+def template_fingerprint(v: VariantSpec) -> str:
+    """Fingerprint of how a replica runs (engine and image): part of the version, as in
+    local mode (``runtime.model``), so an engine or image change rolls the pods."""
+    text = json.dumps([type(v.engine).__name__, dataclasses.asdict(v.engine), v.image])
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _hex(digest: str) -> str:
+    return digest.removeprefix("sha256:").lower()
+
+
+def cache_name(endpoint: str, revision: str) -> str:
+    """``ENDPOINT-<12 hex>`` (a DNS name; a long endpoint name keeps 40 characters and a
+    digest of the whole, so two endpoints never share a name)."""
+    name = f"{endpoint}-{_hex(revision)[:12]}"
+    if len(name) <= 63:
+        return name
+    tag = hashlib.sha256(endpoint.encode()).hexdigest()[:8]
+    return f"{endpoint[:40].rstrip('-')}-{tag}-{_hex(revision)[:12]}"
+
+
+def owner_reference(endpoint: Mapping[str, Any]) -> Body:
+    meta = endpoint["metadata"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceEndpoint",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(endpoint: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> Body:
+    return {
+        "name": name,
+        "namespace": endpoint["metadata"]["namespace"],
+        "labels": dict(labels),
+        "ownerReferences": [owner_reference(endpoint)],
+    }
+
+
+def cache_body(endpoint: Mapping[str, Any], spec: EndpointSpec, revision: str, source: str) -> Body:
+    """The ``ModelDataCache`` of one revision of the endpoint (targets: ``modelCacheConfig``)."""
+    w = spec.cache.weights
+    nodes: Body = {}
+    if w.nodes.names:
+        nodes["names"] = list(w.nodes.names)
+    elif w.nodes.labels:
+        nodes["selector"] = dict(w.nodes.labels)
+    labels = {
+        "app.kubernetes.io/part-of": "preheat",
+        ENDPOINT_LABEL: spec.name,
+        CACHE_REVISION_LABEL: _hex(revision)[:63],
+    }
+    body: Body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelDataCache",
+        "metadata": _meta(endpoint, cache_name(spec.name, revision), labels),
+        "spec": {
+            "source": source,
+            "revision": revision,
+            "nodes": nodes,
+            "priority": w.priority,
+            "pin": w.pin,
+            "endpoints": [spec.name],
+        },
+    }
+    if w.min_ready is not None:
+        body["spec"]["minReady"] = w.min_ready
+    return body
+
+
+def pod_labels(endpoint: str, variant: str) -> dict[str, str]:
+    """The engine pods' labels (also the Deployment's selector and the Service's)."""
+    return {
+        "app.kubernetes.io/name": "preheat",
+        "app.kubernetes.io/component": "engine",
+        ENDPOINT_LABEL: endpoint,
+        VARIANT_LABEL: variant,
+    }
+
+
+def engine_argv(v: VariantSpec, model: str) -> list[str]:
+    """The engine container's command line (host ``$(POD_IP)``, the pod-local snapshot)."""
+    if isinstance(v.engine, CommandEngine):
+        text = v.engine.command.format(
+            snapshot=SNAPSHOT_PATH,
+            port=ENGINE_PORT,
+            host="$(POD_IP)",
+            model=shlex.quote(model),
+            replica="$(POD_NAME)",
+        )
+        return shlex.split(text)
+    e = v.engine
+    argv = [
+        "preheat", "engine", "serve", "--host", "$(POD_IP)", "--port", str(ENGINE_PORT),
+        "--profile", e.profile, "--snapshot", SNAPSHOT_PATH,
+        "--time-scale", str(e.time_scale), "--model-name", model,
+    ]  # fmt: skip
+    if e.kv_blocks is not None:
+        argv += ["--kv-blocks", str(e.kv_blocks)]
+    return argv
+
+
+_FIELD_ENV = [
+    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+]
+
+
+def deployment_body(
+    endpoint: Mapping[str, Any],
+    spec: EndpointSpec,
+    variant: VariantSpec,
+    *,
+    name: str,
+    revision: str,
+    digest: str,
+    source: str,
+    replicas: int,
+    pod: Mapping[str, Any] | None = None,
+    max_surge: int = 1,
+    progress_deadline_s: int = 600,
+) -> Body:
+    """The variant's Deployment running ``revision`` (whose snapshot has the manifest
+    ``digest``; see the module docstring)."""
+    labels = pod_labels(spec.name, variant.name)
+    version = f"{revision}#{template_fingerprint(variant)}"
+    argv = engine_argv(variant, spec.name)
+    image = variant.image or DEFAULT_IMAGE
+    overrides = dict(pod or {})
+    store_mount = {"name": "store", "mountPath": STORE_HOST_PATH, "readOnly": True}
+    weights_mount = {"name": "weights", "mountPath": WEIGHTS_MOUNT}
+    init = {
+        "name": "snapshot",
+        "image": DEFAULT_IMAGE,
+        "command": ["preheat"],
+        "args": [
+            "snapshot-init",
+            "--store",
+            STORE_HOST_PATH,
+            "--source",
+            "$(PREHEAT_SOURCE)",
+            "--revision",
+            revision,
+            "--digest",
+            digest,
+            "--out",
+            SNAPSHOT_PATH,
+        ],
+        # The source goes in the environment, not in the args that `kubectl get pod` shows
+        # in every listing (a credential in a source URL belongs in a Secret-backed env).
+        "env": [{"name": "PREHEAT_SOURCE", "value": source}],
+        "volumeMounts": [store_mount, weights_mount],
+    }
+    engine: Body = {
+        "name": "engine",
+        "image": image,
+        "command": argv[:1],
+        "args": argv[1:],
+        "env": list(_FIELD_ENV),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 1,
+            "failureThreshold": 2,
+        },
+        "volumeMounts": [store_mount, weights_mount],
+    }
+    if overrides.get("resources"):
+        engine["resources"] = overrides["resources"]
+    pod_spec: Body = {
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": revision_label(revision), "operator": "Exists"}
+                            ]
+                        },
+                    }
+                ]
+            }
+        },
+        "initContainers": [init],
+        "containers": [engine],
+        "volumes": [
+            {"name": "store", "hostPath": {"path": STORE_HOST_PATH, "type": "DirectoryOrCreate"}},
+            {"name": "weights", "emptyDir": {}},
+        ],
+        "terminationGracePeriodSeconds": 10,
+    }
+    for key in ("tolerations", "nodeSelector", "serviceAccountName"):
+        if overrides.get(key):
+            pod_spec[key] = overrides[key]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(endpoint, name, labels),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": dict(labels)},
+            "progressDeadlineSeconds": progress_deadline_s,
+            "revisionHistoryLimit": 3,
+            "strategy": {
+                "type": "RollingUpdate",
+                # Surge first, never below the desired count (as local mode rolls).
+                "rollingUpdate": {"maxSurge": max(1, max_surge), "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": dict(labels),
+                    "annotations": {
+                        SNAPSHOT_ANNOTATION: digest,
+                        REVISION_ANNOTATION: revision,
+                        VERSION_ANNOTATION: version,
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service_body(endpoint: Mapping[str, Any], spec: EndpointSpec, variant: str, name: str) -> Body:
+    """The Service in front of one variant's pods (the router reads its EndpointSlices)."""
+    labels = pod_labels(spec.name, variant)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(endpoint, name, labels),
+        "spec": {
+            "selector": dict(labels),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
