@@ -1,4 +1,5 @@
-"""Start records from engine pods and the dashboard's metrics on a real v1.20.2 control plane.
+"""Start records from engine pods, the dashboard's metrics and least-privilege RBAC on a
+real v1.20.2 control plane (one cluster for all three: a cluster boot is most of the cost).
 
 Two stand-in nodes, a real `preheat agent` per node (store under the node's
 `/var/lib/preheat/store`, the hostPath the pods mount), a generated 3 MB model behind
@@ -6,8 +7,9 @@ nginx, and a `ModelDataCache` that targets node-a only: node-a is warm, node-b c
 engine pods carry the operator's contract (labels, `preheat.dev/snapshot` and
 `preheat.dev/revision` annotations) and an init container that links the node store's
 snapshot when it is there and otherwise pulls from the origin itself (`preheat cache pull`
-into an emptyDir). The recorder runs as the `preheat-operator` ServiceAccount (the rendered
-ClusterRole), so RBAC is real.
+into an emptyDir). Every component runs with exactly its rendered RBAC: the agents as
+`preheat-agent`, the pod start recorder as `preheat-operator`, the router
+(`preheat router serve --kubernetes`) as `preheat-router-chat`.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.cli import main as cli
-from preheat.runtime.kubernetes.discovery import connect
+from preheat.runtime.kubernetes.discovery import connect, variant_service_name
 from preheat.runtime.kubernetes.podrecords import PodStartRecorder
 from preheat.runtime.kubernetes.podrecords_core import ENGINE_LABELS
-from preheat.runtime.kubernetes.render import system_manifests
+from preheat.runtime.kubernetes.render import (
+    AGENT_RULES,
+    OPERATOR_RULES,
+    ROUTER_RULES,
+    endpoint_manifests,
+    system_manifests,
+)
+from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
 from preheat.telemetry.events import read_start_records
@@ -57,6 +67,18 @@ NC = "/apis/preheat.dev/v1alpha1/nodecaches"
 MDC = "/apis/preheat.dev/v1alpha1/namespaces/default/modeldatacaches"
 MODEL_BYTES = 3_000_000
 PREHEAT = str(Path(sys.executable).parent / "preheat")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoint.yaml"  # "chat"
+ADMIN_TOKEN = "telemetry-admin-token-for-tests"
+#: The Service the router discovers variant `main` of `chat` through (the operator's job).
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": variant_service_name("chat", "main"), "namespace": "default"},
+    "spec": {
+        "selector": {**ENGINE_LABELS, "preheat.dev/endpoint": "chat"},
+        "ports": [{"name": "http", "port": 8000}],
+    },
+}
 
 
 @dataclass
@@ -73,6 +95,8 @@ class Env:
     model: Model
     agents: dict[str, Agent]
     operator_kubeconfig: Path
+    router_kubeconfig: Path
+    agent_kubeconfig: Path
     tmp: Path
 
 
@@ -121,12 +145,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         url = origin.url("m/preheat-manifest.json")
         revision, manifest = NodeStore(tmp / "probe").resolve(url)
         model = Model(url, revision, manifest.digest, size)
-        rbac = [
-            m
-            for m in system_manifests()
-            if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-        ]
-        kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+        spec, pod = load_endpoint_file(EXAMPLE)
+        kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                 "RoleBinding", "InferenceEndpoint"}  # fmt: skip
+        rendered = system_manifests() + endpoint_manifests(spec, pod=pod)
+        objs = [o for o in rendered if o["kind"] in kinds] + [SERVICE]
+        kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
         agent_conf = _kubeconfig(kube, tmp / "agent.kubeconfig", "preheat-agent")
         agents = {
             n: Agent(n, kube.root / "nodes" / n / STORE.lstrip("/"), agent_conf, tmp / f"{n}.log")
@@ -148,7 +172,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
             kube.wait_for("node-a holds the revision", warm, timeout=60)
             op_conf = _kubeconfig(kube, tmp / "operator.kubeconfig", "preheat-operator")
-            yield Env(kube, model, agents, op_conf, tmp)
+            router_conf = write_kubeconfig(
+                tmp / "router.kubeconfig", server=kube.server, ca_file=kube.ca_file,
+                token=kube.service_account_token("default", "preheat-router-chat"),
+                user="preheat-router-chat",
+            )  # fmt: skip
+            yield Env(kube, model, agents, op_conf, router_conf, agent_conf, tmp)
         finally:
             for a in agents.values():
                 a.proc.stop(10)
@@ -392,61 +421,59 @@ def _exported(text: str) -> set[str]:
     return out
 
 
-def _get(url: str, body: Any = None) -> str:
+def _get(url: str, body: Any = None, *, token: str | None = None) -> str:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=15) as r:
         return str(r.read().decode())
 
 
-@pytest.fixture
-def router(env: Env, started: Started) -> Iterator[str]:
-    """`preheat router serve` (prefix_aware) in front of both engine pods, after a few
-    completions through it; yields its /metrics text."""
+@dataclass
+class Router:
+    metrics: str
+    config: dict[str, Any]
+    log: str
 
-    def urls() -> list[str] | None:
-        pods = [_pod(env.kube, p["metadata"]["name"]) for p in started.pods.values()]
-        ready = [
-            f"http://{p['status']['podIP']}:8000"
-            for p in pods
-            if any(
-                c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"]
-            )
-        ]
-        return ready if len(ready) == 2 else None
 
-    backends = env.kube.wait_for("both engine pods Ready", urls, timeout=60)
+@pytest.fixture(scope="module")
+def router(env: Env, started: Started) -> Iterator[Router]:
+    """`preheat router serve --kubernetes --endpoint chat` as the preheat-router-chat
+    ServiceAccount (the rendered Role), once it routes to both engine pods, after a few
+    completions through it."""
     port = free_port()
-    argv = [PREHEAT, "router", "serve", "--port", str(port), "--strategy", "prefix_aware"]
-    for b in backends:
-        argv += ["--backend", b]
-    environ = {**os.environ, "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes"}
-    proc = start_process(argv, env.tmp / "router.log", env=environ, inherit_env=False)
+    argv = [PREHEAT, "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace",
+            "default", "--kubeconfig", str(env.router_kubeconfig), "--port", str(port)]  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    environ |= {"PREHEAT_ADMIN_TOKEN": ADMIN_TOKEN, "PREHEAT_ROUTER_SALT": "a-salt-of-16-bytes+"}
+    log = env.tmp / "router.log"
+    proc = start_process(argv, log, env=environ, inherit_env=False)
     base = f"http://127.0.0.1:{port}"
+
+    def both() -> dict[str, Any] | None:
+        assert proc.running, log.read_text()
+        try:
+            config: dict[str, Any] = json.loads(_get(base + "/admin/config", token=ADMIN_TOKEN))
+        except OSError:
+            return None
+        (main,) = config["variants"]
+        ready = [i for i in main["instances"] if i["state"] == "healthy"]
+        return config if len(ready) == 2 else None
+
     try:
-        env.kube.wait_for("router healthy", lambda: _until_ok(base + "/health"), timeout=30)
+        config = env.kube.wait_for("the router routes to both pods", both, timeout=60)
         for i in range(6):
-            body = {
-                "model": "chat",
-                "prompt": "shared system prompt " * 20 + str(i),
-                "max_tokens": 2,
-            }
+            prompt = "shared system prompt " * 20 + str(i)
+            body = {"model": "chat", "prompt": prompt, "max_tokens": 2}
             json.loads(_get(base + "/v1/completions", body))
-        yield _get(base + "/metrics")
+        yield Router(_get(base + "/metrics"), config, log.read_text())
     finally:
         proc.stop(10)
 
 
-def _until_ok(url: str) -> bool:
-    try:
-        _get(url)
-        return True
-    except OSError:
-        return False
-
-
 def test_every_metric_the_dashboard_queries_is_exported(
-    env: Env, started: Started, router: str
+    env: Env, started: Started, router: Router
 ) -> None:
     """The dashboard's PromQL names only series that the real /metrics of an agent, a
     router, an engine pod and the recorder's registry export (so it cannot drift), and
@@ -455,7 +482,7 @@ def test_every_metric_the_dashboard_queries_is_exported(
     engine_ip = _pod(env.kube, "chat-warm")["status"]["podIP"]
     sources = {
         "agent": env.agents["node-a"].get("/metrics"),
-        "router": router,
+        "router": router.metrics,
         "engine": _get(f"http://{engine_ip}:8000/metrics"),
         "recorder": generate_latest(started.recorder.registry).decode(),
     }
@@ -464,7 +491,7 @@ def test_every_metric_the_dashboard_queries_is_exported(
     assert not missing, f"the dashboard queries series nothing exports: {missing}"
     for name, names in exported.items():
         assert queried & names, f"no panel reads the {name}'s metrics"
-    assert "preheat_router_requests_total{" in router  # the completions were counted
+    assert "preheat_router_requests_total{" in router.metrics  # the completions counted
 
 
 def test_dashboard_is_importable_grafana_json() -> None:
@@ -481,3 +508,139 @@ def test_dashboard_is_importable_grafana_json() -> None:
     titles = " ".join(p["title"] for p in panels)
     for word in ("per event class", "hit ratio", "by source", "KV", "share", "warm-ups", "Failed"):
         assert word in titles, word
+
+
+# --- RBAC: each component with exactly its rendered rules, as a real process ---------------
+#
+# Already shown elsewhere: every rendered manifest passes `kubectl apply --dry-run=server`
+# and single REST calls as the agent's and router's tokens are allowed or refused
+# (test_k8s_cluster). Here: what the authorizer grants each ServiceAccount is exactly the
+# rendered rules; the agents, the router and the recorder above ran as those accounts and
+# never got a 403; with the very kubeconfig each used, a verb outside its rules is refused.
+
+AGENT_SA = "system:serviceaccount:preheat-system:preheat-agent"
+OPERATOR_SA = "system:serviceaccount:preheat-system:preheat-operator"
+ROUTER_SA = "system:serviceaccount:default:preheat-router-chat"
+#: What every authenticated identity may do (system:basic-user): not preheat's to render.
+_BASELINE = {
+    ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
+    ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
+}
+
+
+def _granted(kube: KubeCluster, who: str, namespace: str) -> set[tuple[str, str]]:
+    """(resource[.group][/subresource], verb) pairs the authorizer grants ``who``."""
+    out = kube.kubectl("auth", "can-i", "--list", f"--as={who}", "-n", namespace).stdout
+    granted: set[tuple[str, str]] = set()
+    for line in out.splitlines()[1:]:
+        cols = re.split(r"\s{2,}", line.strip())
+        if len(cols) < 4 or cols[1] != "[]":  # non-resource URLs (/healthz, /api, ...)
+            continue
+        granted |= {(cols[0], v) for v in cols[3].strip("[]").split()}
+    return granted - _BASELINE
+
+
+def _rendered(rules: Sequence[Mapping[str, list[str]]]) -> set[tuple[str, str]]:
+    """The same pairs from rendered rules (kubectl writes `plural.group/subresource`)."""
+    out = set()
+    for r in rules:
+        for group in r["apiGroups"]:
+            for res in r["resources"]:
+                base, _, sub = res.partition("/")
+                name = (f"{base}.{group}" if group else base) + (f"/{sub}" if sub else "")
+                out |= {(name, verb) for verb in r["verbs"]}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("who", "rules"),
+    [(AGENT_SA, AGENT_RULES), (OPERATOR_SA, OPERATOR_RULES), (ROUTER_SA, ROUTER_RULES)],
+    ids=["agent", "operator", "router"],
+)
+def test_the_authorizer_grants_exactly_the_rendered_rules(
+    env: Env, who: str, rules: Sequence[Mapping[str, list[str]]]
+) -> None:
+    """`kubectl auth can-i --list --as=<ServiceAccount>` in the endpoints' namespace lists
+    every rendered verb and nothing more (beyond self access reviews); in kube-system the
+    namespaced router Role grants nothing."""
+    granted = _granted(env.kube, who, "default")
+    want = _rendered(rules)
+    assert granted == want, f"missing {sorted(want - granted)}, extra {sorted(granted - want)}"
+    if who == ROUTER_SA:
+        assert _granted(env.kube, who, "kube-system") == set()
+
+
+def _kubectl_as(env: Env, conf: Path, *args: str) -> tuple[int, str]:
+    """The matched kubectl with a component's own kubeconfig (not the admin's)."""
+    proc = subprocess.run(
+        [str(env.kube.bin_dir / "kubectl"), f"--kubeconfig={conf}", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return proc.returncode, proc.stderr + proc.stdout
+
+
+def _refused(env: Env, conf: Path, account: str, *attempts: tuple[str, ...]) -> None:
+    for args in attempts:
+        code, out = _kubectl_as(env, conf, *args)
+        assert code != 0 and "Forbidden" in out and account in out, (args, out)
+
+
+def test_agents_did_their_job_without_a_403_and_are_refused_outside_their_role(
+    env: Env, started: Started
+) -> None:
+    """Both agents (preheat-agent's token) warmed, wrote NodeCaches, labelled node-a and
+    leased the warm pod's snapshot with no failed API call; that kubeconfig is refused
+    deleting a pod, reading Secrets, deleting a NodeCache, creating a ModelDataCache."""
+    node = env.kube.rest().get("/api/v1/nodes/node-a")
+    assert any(k.startswith("preheat.dev/rev-") for k in node["metadata"]["labels"])
+    inv = json.loads(env.agents["node-a"].get("/inventory"))["nodes"][0]
+    assert any(
+        h.startswith("pod:default/chat-warm:") for s in inv["snapshots"] for h in s["leased_by"]
+    )
+    for a in env.agents.values():
+        metrics = a.get("/metrics")
+        assert not [
+            ln for ln in metrics.splitlines() if ln.startswith("preheat_agent_api_errors_total")
+        ]
+        assert "403" not in a.log.read_text() and "Forbidden" not in a.log.read_text()
+    _refused(
+        env, env.agent_kubeconfig, "preheat-agent",
+        ("delete", "pod", "chat-warm", "-n", "default"),
+        ("get", "secrets", "-n", "default"),
+        ("delete", "nodecache", "node-a"),
+    )  # fmt: skip
+    cache = {"apiVersion": "preheat.dev/v1alpha1", "kind": "ModelDataCache",
+             "metadata": {"name": "stolen"}, "spec": {"source": env.model.url}}  # fmt: skip
+    token = env.kube.service_account_token("preheat-system", "preheat-agent")
+    assert env.kube.rest(token).call("POST", MDC, cache)[0] == 403
+
+
+def test_router_did_its_job_without_a_403_and_is_refused_outside_its_role(
+    env: Env, router: Router
+) -> None:
+    """The router (preheat-router-chat's token) took its strategy from the InferenceEndpoint
+    and its instances from EndpointSlices with no refusal in its log; that kubeconfig is
+    refused listing pods, reading slices in kube-system, deleting the endpoint."""
+    (main,) = router.config["variants"]
+    assert main["strategy"] == "prefix_aware"
+    assert "403" not in router.log and "Forbidden" not in router.log, router.log
+    _refused(
+        env, env.router_kubeconfig, "preheat-router-chat",
+        ("get", "pods", "-n", "default"),
+        ("get", "endpointslices.discovery.k8s.io", "-n", "kube-system"),
+        ("delete", "inferenceendpoint", "chat", "-n", "default"),
+    )  # fmt: skip
+
+
+def test_recorder_ran_as_the_operator_and_is_refused_outside_its_role(
+    env: Env, started: Started
+) -> None:
+    """The pod start recorder (preheat-operator's token) listed and watched without an
+    error; that kubeconfig is refused deleting pods or nodes and reading Secrets."""
+    assert started.recorder.api_errors == 0
+    _refused(
+        env, env.operator_kubeconfig, "preheat-operator",
+        ("delete", "pod", "chat-cold", "-n", "default"),
+        ("delete", "node", "node-b"),
+        ("get", "secrets", "-n", "default"),
+    )  # fmt: skip
