@@ -472,19 +472,44 @@ def router(env: Env, started: Started) -> Iterator[Router]:
         proc.stop(10)
 
 
+@pytest.fixture
+def recorder_http(env: Env, started: Started) -> Iterator[str]:
+    """`preheat k8s records --watch --metrics-port` (as preheat-operator): its /metrics once
+    it has recorded the pods' starts."""
+    port = free_port()
+    argv = [PREHEAT, "k8s", "records", "--kubeconfig", str(env.operator_kubeconfig),
+            "--namespace", "default", "--watch", "120", "--metrics-port", str(port)]  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    proc = start_process(argv, env.tmp / "records-watch.log", env=environ, inherit_env=False)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def scraped() -> str | None:
+        assert proc.running, (env.tmp / "records-watch.log").read_text()
+        try:
+            text = _get(url)
+        except OSError:
+            return None
+        return text if 'preheat_starts_total{event_class="new_node"' in text else None
+
+    try:
+        yield env.kube.wait_for("the recorder's /metrics", scraped, timeout=60)
+    finally:
+        proc.stop(5)
+
+
 def test_every_metric_the_dashboard_queries_is_exported(
-    env: Env, started: Started, router: Router
+    env: Env, router: Router, recorder_http: str
 ) -> None:
     """The dashboard's PromQL names only series that the real /metrics of an agent, a
-    router, an engine pod and the recorder's registry export (so it cannot drift), and
-    each of those four sources feeds at least one panel."""
+    router, an engine pod and `preheat k8s records --watch --metrics-port` export (so it
+    cannot drift), and each of those four sources feeds at least one panel."""
     queried = _queried()
     engine_ip = _pod(env.kube, "chat-warm")["status"]["podIP"]
     sources = {
         "agent": env.agents["node-a"].get("/metrics"),
         "router": router.metrics,
         "engine": _get(f"http://{engine_ip}:8000/metrics"),
-        "recorder": generate_latest(started.recorder.registry).decode(),
+        "recorder": recorder_http,
     }
     exported = {name: _exported(text) for name, text in sources.items()}
     missing = sorted(queried - set().union(*exported.values()))

@@ -85,3 +85,17 @@ def test_append_new_records_skips_starts_the_file_holds(tmp_path: Path) -> None:
     rec.observe(restarted_pod())
     assert append_new_records(path, rec.snapshot()) == 1
     assert [r.restart_count for r in read_start_records(path)] == [0, 1]
+
+
+def test_records_cli_refuses_contradicting_options() -> None:
+    """--json with --out, and --metrics-port without --watch, are usage errors (exit 2)
+    named before any connection is tried."""
+    from click.testing import CliRunner
+
+    from preheat.cli import main
+
+    runner = CliRunner()
+    res = runner.invoke(main, ["k8s", "records", "--json", "--out", "x.jsonl"])
+    assert res.exit_code == 2 and "give one" in res.output
+    res = runner.invoke(main, ["k8s", "records", "--metrics-port", "9102"])
+    assert res.exit_code == 2 and "--watch" in res.output

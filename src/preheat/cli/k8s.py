@@ -140,6 +140,16 @@ def render(
     help="Keep watching for this many seconds, recording starts as they happen "
     "(0: one pass over what the pods show now).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="With --watch: serve the start metrics (local mode's preheat_start_*, "
+    "preheat_starts_total, preheat_weights_*) on this port at /metrics while watching.",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
 def records(
     kubeconfig: Path | None,
     namespace: str | None,
@@ -148,6 +158,8 @@ def records(
     out: Path | None,
     probe_engines: bool,
     watch_s: float,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Start records of the engine pods, as local mode writes them.
 
@@ -159,6 +171,7 @@ def records(
     \b
     preheat k8s records --namespace default                      a table
     preheat k8s records --endpoint chat --out starts.jsonl        append new starts
+    preheat k8s records --watch 3600 --metrics-port 9102 --out F  watch an hour, serve /metrics
     preheat report --events starts.jsonl --out report/            then the report
     """
     import time
@@ -168,6 +181,8 @@ def records(
 
     if as_json and out is not None:
         raise click.UsageError("--json prints to stdout, --out appends to a file: give one")
+    if metrics_port is not None and watch_s <= 0:
+        raise click.UsageError("--metrics-port serves while watching: add --watch SECONDS")
     try:
         api, context_ns = connect(kubeconfig)
         recorder = PodStartRecorder(
@@ -178,9 +193,21 @@ def records(
             resync_s=min(30.0, max(1.0, watch_s)),
         )
         if watch_s > 0:
+            server = None
+            if metrics_port is not None:
+                from prometheus_client import start_http_server
+
+                server, _ = start_http_server(
+                    metrics_port, addr=metrics_host, registry=recorder.registry
+                )
+                click.echo(f"serving http://{metrics_host}:{server.server_port}/metrics", err=True)
             recorder.start()
-            time.sleep(watch_s)
-            recorder.stop()
+            try:
+                time.sleep(watch_s)
+            finally:
+                recorder.stop()
+                if server is not None:
+                    server.shutdown()
         else:
             recorder.sync()
     except ConfigError as exc:
