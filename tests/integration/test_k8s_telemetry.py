@@ -669,3 +669,15 @@ def test_recorder_ran_as_the_operator_and_is_refused_outside_its_role(
         ("delete", "node", "node-b"),
         ("get", "secrets", "-n", "default"),
     )  # fmt: skip
+
+
+def test_records_with_credentials_outside_the_operator_role_fail_naming_it(env: Env) -> None:
+    """`preheat k8s records` with the router's kubeconfig (no nodes, no pods) exits 2 with
+    the refused call, the status and the role to bind, and no traceback."""
+    res = CliRunner().invoke(
+        cli,
+        ["k8s", "records", "--kubeconfig", str(env.router_kubeconfig), "--namespace", "default"],
+    )
+    assert res.exit_code == 2, res.output
+    assert "refused list_node (403 Forbidden)" in res.output
+    assert "preheat-operator ClusterRole" in res.output and "Traceback" not in res.output
