@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from preheat.errors import ConfigError
+
+if TYPE_CHECKING:
+    from preheat.telemetry.records import StartRecord
 
 
 @click.group()
@@ -93,3 +97,146 @@ def render(
     )
     (kustomize_dir / "kustomization.yaml").write_text(kustomization)
     click.echo(f"wrote {len(parts) + 1} files to {kustomize_dir}")
+
+
+# --- k8s records (k8sobs) -------------------------------------------------------------------
+
+
+@k8s.command()
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Kubeconfig file; default $KUBECONFIG or ~/.kube/config, else in-cluster.",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    help="The endpoints' namespace; default the kubeconfig context's, else `default`.",
+)
+@click.option("--endpoint", default=None, help="Only this endpoint's pods.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the records as JSON lines (the JSONL format)."
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Append the records to this JSONL (only starts it does not hold yet); "
+    "`preheat report --events FILE` reads it.",
+)
+@click.option(
+    "--probe-engines",
+    is_flag=True,
+    help="Also GET each Ready pod's /startup on its pod IP (sub-second engine stages and "
+    "bytes read); needs a route to the pod network (in-cluster).",
+)
+@click.option(
+    "--watch",
+    "watch_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Keep watching for this many seconds, recording starts as they happen "
+    "(0: one pass over what the pods show now).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="With --watch: serve the start metrics (local mode's preheat_start_*, "
+    "preheat_starts_total, preheat_weights_*) on this port at /metrics while watching.",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+def records(
+    kubeconfig: Path | None,
+    namespace: str | None,
+    endpoint: str | None,
+    as_json: bool,
+    out: Path | None,
+    probe_engines: bool,
+    watch_s: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Start records of the engine pods, as local mode writes them.
+
+    One StartRecord per pod start (container restarts counted), with the same stages
+    and event classes as local mode: scheduled (pod created), image_ready, weights_ready
+    (init step done), runtime_started, healthy (Ready); weights `cache` when the node's
+    agent held the snapshot (its NodeCache), else `origin`.
+
+    \b
+    preheat k8s records --namespace default                      a table
+    preheat k8s records --endpoint chat --out starts.jsonl        append new starts
+    preheat k8s records --watch 3600 --metrics-port 9102 --out F  watch an hour, serve /metrics
+    preheat report --events starts.jsonl --out report/            then the report
+    """
+    import time
+
+    from preheat.runtime.kubernetes.discovery import connect
+    from preheat.runtime.kubernetes.podrecords import PodStartRecorder, append_new_records
+
+    if as_json and out is not None:
+        raise click.UsageError("--json prints to stdout, --out appends to a file: give one")
+    if metrics_port is not None and watch_s <= 0:
+        raise click.UsageError("--metrics-port serves while watching: add --watch SECONDS")
+    try:
+        api, context_ns = connect(kubeconfig)
+        recorder = PodStartRecorder(
+            api,
+            namespace or context_ns or "default",
+            endpoint=endpoint,
+            probe_engines=probe_engines,
+            resync_s=min(30.0, max(1.0, watch_s)),
+        )
+        if watch_s > 0:
+            server = None
+            if metrics_port is not None:
+                from prometheus_client import start_http_server
+
+                server, _ = start_http_server(
+                    metrics_port, addr=metrics_host, registry=recorder.registry
+                )
+                click.echo(f"serving http://{metrics_host}:{server.server_port}/metrics", err=True)
+            recorder.start()
+            try:
+                time.sleep(watch_s)
+            finally:
+                recorder.stop()
+                if server is not None:
+                    server.shutdown()
+        else:
+            recorder.sync()
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    found = recorder.snapshot()
+    if as_json:
+        for r in found:
+            click.echo(r.to_json())
+    elif out is not None:
+        added = append_new_records(out, found)
+        click.echo(f"{len(found)} start records, {added} new, appended to {out}")
+    else:
+        _print_records(found)
+
+
+def _print_records(found: list[StartRecord]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(found)} pod starts")
+    for col in ("pod", "node", "event class", "weights", "bytes", "ready s", "restarts", "failure"):
+        table.add_column(col)
+    for r in found:
+        ready = "-" if r.ready_seconds is None else f"{r.ready_seconds:.1f}"
+        nbytes = ", ".join(f"{k} {v:,}" for k, v in r.bytes_from.items()) or "-"
+        table.add_row(
+            r.replica, r.node, r.event_class.value, r.weights_source, nbytes, ready,
+            str(r.restart_count), r.failure or "",
+        )  # fmt: skip
+    # Not a terminal (a pipe, a file): wide enough that pod names are never cut.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
