@@ -418,6 +418,20 @@ def test_scale_out_past_warm_nodes_starts_a_cold_pod_from_the_origin(world: Worl
         30,
     )
     assert ep["status"]["readyReplicas"] == 3
+    # The operator's /metrics carries every pod start as local mode counts them: the warm
+    # pods' weights were a cache hit, the cold pod's a miss.
+    _until(
+        "start records on the operator's /metrics",
+        lambda: (
+            (
+                'preheat_weights_cache_total{event_class="scale_out",result="miss"}'
+                in _metrics(world)
+                and 'result="hit"' in _metrics(world)
+            )
+            or None
+        ),
+        60,
+    )
 
 
 def _deployment(world: World) -> dict[str, Any]:

@@ -244,6 +244,13 @@ async def run_operator(
     """Serve /metrics and run kopf until SIGINT/SIGTERM."""
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # kopf's login_with_kubeconfig reads it
+    # Every engine pod start becomes a StartRecord with local mode's stages and classes,
+    # exported on the operator's /metrics beside its own series (podrecords.py).
+    from preheat.runtime.kubernetes.podrecords import PodStartRecorder
+
+    recorder = PodStartRecorder(ctx.api, namespace, probe_engines=True)
+    ctx.registries.append(recorder.registry)
+    recorder.start()
     runner = await _serve_metrics(ctx, metrics_host, metrics_port)
     try:
         await kopf.operator(
@@ -253,4 +260,5 @@ async def run_operator(
             namespaces=[namespace] if namespace else (),
         )
     finally:
+        recorder.stop()
         await runner.cleanup()

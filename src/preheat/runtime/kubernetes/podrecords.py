@@ -107,7 +107,7 @@ class PodStartRecorder:
     def __init__(
         self,
         api_client: Any,
-        namespace: str,
+        namespace: str | None,
         *,
         endpoint: str | None = None,
         metrics: TelemetryMetrics | None = None,
@@ -320,13 +320,18 @@ class PodStartRecorder:
             if p.deleted_at is not None and p.deleted_at < cutoff:
                 del self._peers[uid]
 
+    def _pod_list(self) -> tuple[Any, ...]:
+        """The list call for engine pods: one namespace, or every namespace when None
+        (the operator's cluster-wide mode)."""
+        if self.namespace is None:
+            return (self.core.list_pod_for_all_namespaces,)
+        return (self.core.list_namespaced_pod, self.namespace)
+
     def sync(self) -> list[StartRecord]:
         """One full pass: list nodes, NodeCaches and the engine pods, record what is new
         (pods gone since the last pass count as deleted); returns the new records."""
         self._refresh_cluster(force=True)
-        listed = self._raw(
-            self.core.list_namespaced_pod, self.namespace, label_selector=self.selector
-        )
+        listed = self._raw(*self._pod_list(), label_selector=self.selector)
         self._resource_version = str(listed["metadata"].get("resourceVersion") or "")
         items = list(listed["items"])
         for pod in items:  # every listed pod is a peer before any is classified
@@ -349,8 +354,7 @@ class PodStartRecorder:
         self.sync()
         w = watch.Watch()
         for ev in w.stream(
-            self.core.list_namespaced_pod,
-            self.namespace,
+            *self._pod_list(),
             label_selector=self.selector,
             resource_version=self._resource_version,
             timeout_seconds=max(1, int(self.resync_s)),
