@@ -38,7 +38,6 @@ __all__ = [
     "EventClass",
     "StartRecord",
     "WarmupRecord",
-    "check_bytes_from",
 ]
 
 #: Stage boundaries in the order a start passes them.
@@ -78,7 +77,7 @@ def _check_ts(name: str, value: float | None) -> None:
         raise ValueError(f"StartRecord.{name} = {value!r} is not a finite epoch time in seconds")
 
 
-def check_bytes_from(record: str, bytes_from: Mapping[str, int]) -> None:
+def _check_bytes_from(record: str, bytes_from: Mapping[str, int]) -> None:
     """``bytes_from`` maps a weights source (cache, peer, origin) to bytes >= 0."""
     for source, n in bytes_from.items():
         if source not in WEIGHTS_SOURCES:
@@ -108,7 +107,7 @@ class WarmupRecord:
             raise ValueError(f"WarmupRecord.seconds = {self.seconds!r}; give seconds >= 0")
         if self.mode not in WEIGHTS_SOURCES:
             raise ValueError(f"WarmupRecord.mode = {self.mode!r}; use cache, peer or origin")
-        check_bytes_from("WarmupRecord", self.bytes_from)
+        _check_bytes_from("WarmupRecord", self.bytes_from)
         object.__setattr__(self, "bytes_from", dict(self.bytes_from))
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,7 +185,7 @@ class StartRecord:
             raise ValueError(
                 f"StartRecord.weights_source = {self.weights_source!r}; use cache, peer or origin"
             )
-        check_bytes_from("StartRecord", self.bytes_from)
+        _check_bytes_from("StartRecord", self.bytes_from)
         if self.weights_source == "cache" and any(
             self.bytes_from.get(s, 0) for s in ("peer", "origin")
         ):
