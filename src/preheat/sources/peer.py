@@ -25,16 +25,20 @@ The cluster token goes in the ``Authorization`` header only, never in a URL or m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from preheat.control.fanout import Candidate, rank_peers
+from preheat.errors import FetchError
+from preheat.sources import _splice
 from preheat.sources.pieces import PieceBook, blob_path, piece_count
 
 if TYPE_CHECKING:
@@ -68,6 +72,18 @@ class PeerClient:
         self._connections = connections
         self._read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[tuple[str, int], _splice.SplicePool] = {}
+
+    def pool(self, base: str) -> _splice.SplicePool | None:
+        """Keep-alive splice(2) connections to a peer (None where splice is missing)."""
+        if not _splice.AVAILABLE:
+            return None
+        parts = urlsplit(base)
+        key = (parts.hostname or "127.0.0.1", parts.port or 80)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _splice.SplicePool(*key)
+        return pool
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -84,6 +100,9 @@ class PeerClient:
         return self._headers
 
     async def aclose(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -191,39 +210,60 @@ class PeerFill:
         digests: tuple[str, ...],
         base: str,
     ) -> None:
-        h = hashlib.sha256()
-        pos = start
-        headers = {**self.client.headers, "Range": f"bytes={start}-{end - 1}"}
-        async with self.client.session().get(f"{base}{blob_path(digest)}", headers=headers) as r:
-            if r.status != 206:
-                raise _PeerRefused(f"peer answered {r.status}")
-            async for data in r.content.iter_any():
-                n = min(len(data), end - pos)
-                view = memoryview(data)[:n]
-                written = 0
-                while written < n:
-                    written += os.pwrite(fd, view[written:], pos + written)
-                h.update(view)
-                pos += n
-                if ctx.limiter is not None:
-                    await ctx.limiter.take(n)
-                if pos >= end:
-                    break
-        if pos < end:
-            raise _PeerRefused(f"peer's body ended at byte {pos}, expected {end}")
-        actual = h.hexdigest()
+        """Move the piece into ``fd`` (splice(2): the kernel moves the pages), then hash
+        it from the page cache in a worker thread before it counts as written."""
+        n = end - start
+        if ctx.limiter is not None:
+            await ctx.limiter.take(n)  # the node's link, one piece at a time
+        pool = self.client.pool(base)
+        if pool is not None:
+            try:
+                await pool.get_range(
+                    blob_path(digest),
+                    start,
+                    end,
+                    fd,
+                    lambda _offset, _n: None,
+                    f"peer {base}",
+                    headers={"Authorization": self.client.headers["Authorization"]},
+                    check=_need_206,
+                )
+            except (FetchError, _splice.Unsupported) as exc:
+                raise _PeerRefused(str(exc)) from None
+        else:
+            await self._stream(fd, start, end, digest, base)
+        actual = await asyncio.get_running_loop().run_in_executor(
+            ctx.executor, _hash_range, fd, start, end
+        )
         if actual != digests[index]:
             raise PieceMismatch(
                 f"piece {index} of blob {digest[:16]} has sha256 {actual[:16]}, the piece "
                 f"list says {digests[index][:16]}"
             )
-        n = end - start
         self.peer_bytes += n
         ctx.stats.fetched += n
         prog.wrote(index, n)
         if ctx.on_bytes is not None:
             ctx.on_bytes(n)
         self.book.verified(digest, index)
+
+    async def _stream(self, fd: int, start: int, end: int, digest: str, base: str) -> None:
+        """The piece through aiohttp (no splice(2) on this platform)."""
+        pos = start
+        headers = {**self.client.headers, "Range": f"bytes={start}-{end - 1}"}
+        async with self.client.session().get(f"{base}{blob_path(digest)}", headers=headers) as r:
+            if r.status != 206:
+                raise _PeerRefused(f"peer answered {r.status}")
+            async for data in r.content.iter_any():
+                view = memoryview(data)[: end - pos]
+                written = 0
+                while written < len(view):
+                    written += os.pwrite(fd, view[written:], pos + written)
+                pos += len(view)
+                if pos >= end:
+                    break
+        if pos < end:
+            raise _PeerRefused(f"peer's body ended at byte {pos}, expected {end}")
 
     def blob_failed(self, digest: str) -> None:
         """The blob's sha256 did not match after a fill that used peers: every peer
@@ -241,6 +281,24 @@ class PeerFill:
         if digest is not None:
             with contextlib.suppress(KeyError):
                 self.book.finish(digest)
+
+
+def _need_206(status: int, headers: Mapping[str, str]) -> None:
+    if status != 206:
+        raise _PeerRefused(f"peer answered {status}")
+
+
+def _hash_range(fd: int, start: int, end: int) -> str:
+    """sha256 of bytes [start, end) of ``fd`` (a worker thread; hashlib drops the GIL)."""
+    h = hashlib.sha256()
+    pos = start
+    while pos < end:
+        data = os.pread(fd, min(8 << 20, end - pos), pos)
+        if not data:
+            break
+        h.update(data)
+        pos += len(data)
+    return h.hexdigest()
 
 
 class _PeerRefused(Exception):
