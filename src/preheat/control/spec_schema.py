@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from preheat.artifacts.refs import parse_ref
 from preheat.config import parse_size
+from preheat.control.fanout import Budget
 from preheat.control.spec_types import (
     Autoscaling,
     ClusterSpec,
@@ -29,6 +30,7 @@ from preheat.control.spec_types import (
     NodeSelector,
     NodeSpec,
     OriginSpec,
+    PeerSpec,
     ReplicaRange,
     RoutingSpec,
     SimulatedEngine,
@@ -174,8 +176,18 @@ class _Endpoint(_Edge):
     model_cache_config: _CacheConfig | None = Field(None, alias="modelCacheConfig")
 
 
+class _Budget(_Edge):
+    concurrent_fills: int | None = Field(None, alias="concurrentFills")
+    bandwidth: str | int | None = None
+
+
 class _Origin(_Edge):
     bandwidth: str | int | None = None
+    budget: _Budget = Field(default_factory=lambda: _Budget.model_validate({}))
+
+
+class _Peers(_Edge):
+    enabled: bool = True
 
 
 class _Node(_Edge):
@@ -189,6 +201,7 @@ class _Node(_Edge):
 
 class _Cluster(_Edge):
     origin: _Origin = Field(default_factory=_Origin)
+    peers: _Peers = Field(default_factory=_Peers)
     nodes: list[_Node]
 
 
@@ -435,6 +448,18 @@ def parse_cluster(data: Any, *, base_dir: Path, origin: str = "cluster file") ->
     if not raw.nodes:
         raise _bad(origin, "nodes is empty; list at least one node")
     default_bw = _bandwidth(origin, "origin.bandwidth", raw.origin.bandwidth)
+    fills = raw.origin.budget.concurrent_fills
+    if fills is not None and fills < 1:
+        raise _bad(
+            origin,
+            f"origin.budget.concurrentFills {fills} must be at least 1 (origin fills at once "
+            "over the cluster); leave it out for one per revision",
+        )
+    budget = Budget(
+        concurrent_fills=fills,
+        bandwidth=_bandwidth(origin, "origin.budget.bandwidth", raw.origin.budget.bandwidth),
+    )
+    peers = PeerSpec(enabled=raw.peers.enabled)
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
     for i, n in enumerate(raw.nodes):
@@ -462,7 +487,9 @@ def parse_cluster(data: Any, *, base_dir: Path, origin: str = "cluster file") ->
                 origin_bandwidth=bw if bw is not None else default_bw,
             )
         )
-    return ClusterSpec(nodes=tuple(nodes), origin=OriginSpec(bandwidth=default_bw))
+    return ClusterSpec(
+        nodes=tuple(nodes), origin=OriginSpec(bandwidth=default_bw, budget=budget), peers=peers
+    )
 
 
 def check_against_cluster(spec: EndpointSpec, cluster: ClusterSpec) -> None:

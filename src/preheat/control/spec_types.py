@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from preheat.control.fanout import Budget
 from preheat.errors import ConfigError
 from preheat.router.policies.base import PolicyParams
 
@@ -28,6 +29,7 @@ __all__ = [
     "NodeSelector",
     "NodeSpec",
     "OriginSpec",
+    "PeerSpec",
     "ReplicaRange",
     "RoutingSpec",
     "SimulatedEngine",
@@ -180,6 +182,18 @@ class OriginSpec:
 
     #: Default per-node origin download limit in bytes/s (``None``: unlimited).
     bandwidth: int | None = None
+    #: The cluster-wide origin budget (``origin.budget``): origin fills at once (default
+    #: one per revision) and origin bytes/s over all of them (default unlimited).
+    budget: Budget = field(default_factory=Budget)
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """``peers``: nodes serve the blobs they hold to each other (docs/peers.md)."""
+
+    #: On by default: warming N nodes with one revision fetches about one copy. A
+    #: node's ``origin_bandwidth`` limits its downloads from peers too (one link).
+    enabled: bool = True
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,7 @@ class NodeSpec:
 class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     origin: OriginSpec = field(default_factory=OriginSpec)
+    peers: PeerSpec = field(default_factory=PeerSpec)
 
     def node(self, name: str) -> NodeSpec:
         for n in self.nodes:

@@ -60,6 +60,7 @@ from preheat.runtime.warmup import Warmer
 from preheat.telemetry.events import EventLog
 from preheat.telemetry.inventory import NodeInventory
 from preheat.telemetry.prometheus import TelemetryMetrics
+from preheat.telemetry.warmups import WarmupCollector
 
 __all__ = ["LocalFleet", "ResolvedVariant"]
 
@@ -118,6 +119,9 @@ class LocalFleet:
             replica_counts={v.name: v.replicas.min for v in spec.variants},
         )
         self.warmer = Warmer(self.state)
+        self.metrics.registry.register(
+            WarmupCollector(lambda: self.state.warmups, lambda: self.state.origin_bytes)
+        )
         self.supervisor = Supervisor(
             self.state, self.router, self.warmer, self.events, startup_timeout=startup_timeout
         )

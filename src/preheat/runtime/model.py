@@ -37,6 +37,7 @@ from preheat.runtime.nodestore import NodeCache
 from preheat.runtime.procs import Child
 from preheat.telemetry.classify import StartReason
 from preheat.telemetry.inventory import WarmupFailure
+from preheat.telemetry.records import WarmupRecord
 
 __all__ = [
     "FleetState",
@@ -185,6 +186,8 @@ class FleetState:
     starts_total: int = 0
     #: (node, revision) -> bytes fetched from the origin (warm-ups and cold starts).
     origin_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: (node, revision) -> the last finished warm-up there (``runtime.warmup``).
+    warmups: dict[tuple[str, str], WarmupRecord] = field(default_factory=dict)
 
     def say(self, text: str) -> None:
         self.log.say(text)

@@ -3,7 +3,10 @@
 The fleet keys everything by the *revision* a source resolved to when the spec was
 applied. A pull resolves the source again; if the origin now serves something else the
 store refuses it with ``RevisionChanged`` before fetching a byte (the endpoint keeps what
-it pinned; applying the spec again picks the new revision up). Origin downloads are limited to the node's ``origin_bandwidth``.
+it pinned; applying the spec again picks the new revision up). A node's downloads are
+limited to its ``origin_bandwidth`` (from the origin and from peers: one link). A warm-up
+admitted to the fleet's fan-out (``runtime.peering``) fills piece by piece, from peers
+first, with the origin budget's shared token bucket on origin bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 from preheat.control.spec import NodeSpec
 from preheat.errors import ControlError, SnapshotNotFound
 from preheat.sources.base import open_source
+from preheat.sources.peer import PeerFill
+from preheat.sources.pieces import PIECE_SIZE
+from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
 from preheat.store.store import NodeStore
 
 __all__ = ["NodeCache", "PullOutcome", "resolve_source"]
@@ -29,6 +35,17 @@ class PullOutcome:
     bytes_fetched: int
     bytes_reused: int
     seconds: float
+    #: Of ``bytes_fetched``, the bytes that came from peers (the rest: the origin).
+    bytes_from_peers: int = 0
+
+    @property
+    def bytes_from(self) -> dict[str, int]:
+        """Bytes per source (``origin``, ``peer``, ``cache``), as in a ``StartRecord``."""
+        return {
+            "origin": self.bytes_fetched - self.bytes_from_peers,
+            "peer": self.bytes_from_peers,
+            "cache": self.bytes_reused,
+        }
 
 
 async def resolve_source(source: str) -> tuple[str, int, int]:
@@ -94,21 +111,37 @@ class NodeCache:
         revision: str,
         *,
         progress: Callable[[int, int], None] | None = None,
+        peers: PeerFill | None = None,
+        origin_limiter: RateLimiter | None = None,
     ) -> PullOutcome:
-        """Fill ``revision`` from ``source``; concurrent pulls of one revision share a fill."""
+        """Fill ``revision`` from ``source``; concurrent pulls of one revision share a
+        fill. With ``peers`` the fill takes pieces from peers first (``sources.peer``)."""
         task = self._pulls.get(revision)
         if task is None or task.done():
-            task = asyncio.create_task(self._pull(source, revision, progress))
+            task = asyncio.create_task(
+                self._pull(source, revision, progress, peers, origin_limiter)
+            )
             self._pulls[revision] = task
         return await asyncio.shield(task)
 
     async def _pull(
-        self, source: str, revision: str, progress: Callable[[int, int], None] | None
+        self,
+        source: str,
+        revision: str,
+        progress: Callable[[int, int], None] | None,
+        peers: PeerFill | None,
+        origin_limiter: RateLimiter | None,
     ) -> PullOutcome:
         # The store resolves first and refuses (RevisionChanged) before any byte moves
         # when the origin no longer serves the pinned revision.
         result = await self.store.apull(
-            source, rate_limit=self.spec.origin_bandwidth, progress=progress, revision=revision
+            source,
+            rate_limit=self.spec.origin_bandwidth,
+            progress=progress,
+            revision=revision,
+            peers=peers,
+            origin_limiter=origin_limiter,
+            chunk=PIECE_SIZE if peers is not None else DEFAULT_CHUNK,
         )
         return PullOutcome(
             result.snapshot,
@@ -116,6 +149,7 @@ class NodeCache:
             result.bytes_fetched,
             result.bytes_reused,
             result.seconds,
+            bytes_from_peers=peers.peer_bytes if peers is not None else 0,
         )
 
     def lease(self, revision: str, holder: str) -> tuple[str, str]:

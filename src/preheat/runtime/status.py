@@ -106,7 +106,15 @@ def status_document(st: FleetState, *, router_url: str, events: str) -> dict[str
         "variants": _variants(st),
         "nodes": _nodes(st),
         "replicas": replicas,
-        "revisions": {r: {"bytes": rv.model_bytes, "files": rv.files} for r, rv in revs.items()},
+        "revisions": {
+            r: {
+                "bytes": rv.model_bytes,
+                "files": rv.files,
+                "origin_bytes": sum(n for (_, rev), n in st.origin_bytes.items() if rev == r),
+            }
+            for r, rv in revs.items()
+        },
+        "warmups": [w.to_dict() for _, w in sorted(st.warmups.items())],
         "starts": st.starts_total,
         "restarts": st.restarts_total,
         "events": events,

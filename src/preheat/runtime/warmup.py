@@ -11,6 +11,14 @@ A replica on a cold node pulls the revision itself (``pull_for_replica``): it sh
 warm-up already running there and otherwise retries an unreachable origin with the same
 backoff, the reason in the replica's ``detail``, until it is stopped.
 
+Warm-ups are a fan-out (``runtime.peering``, ``control.fanout``; on unless the cluster
+file says ``peers: {enabled: false}``): a warm-up first waits for its turn (an origin
+slot of the cluster-wide budget, or a peer that holds every blob it lacks; its view
+says so), then fills piece by piece from peers first. Each finished warm-up is a
+``WarmupRecord`` (seconds, ``bytes_from`` per source) in ``FleetState.warmups``; origin
+bytes per (node, revision) stay in ``FleetState.origin_bytes``. A replica's own pull on
+a cold node (``pull_for_replica``) fetches from the origin as before.
+
 Failure reasons are redacted (``redact_url``) before they reach a cache view, the
 node's ``WarmupFailure`` (a Prometheus label), a message or a replica's detail.
 """
@@ -25,7 +33,11 @@ from preheat.config import format_size
 from preheat.errors import FetchError, InsufficientSpace, PreheatError
 from preheat.runtime.model import FleetState, Node, Replica, WarmState, cache_view
 from preheat.runtime.nodestore import PullOutcome
+from preheat.runtime.peering import FleetPeers
+from preheat.store.fill import RateLimiter
+from preheat.store.layout import Layout
 from preheat.telemetry.inventory import WarmupFailure
+from preheat.telemetry.records import WarmupRecord
 
 __all__ = ["WARM_BACKOFF", "Warmer"]
 
@@ -42,6 +54,26 @@ class Warmer:
 
     def __init__(self, state: FleetState) -> None:
         self.state = state
+        cluster = state.cluster
+        #: The fan-out (None with ``peers.enabled: false``: every node fills from the origin).
+        self.peers = (
+            FleetPeers(cluster.origin.budget, self._peer_nodes, state.say)
+            if cluster.peers.enabled
+            else None
+        )
+        budget_bw = cluster.origin.budget.bandwidth
+        self.origin_limiter = (
+            self.peers.origin_limiter
+            if self.peers is not None
+            else (RateLimiter(budget_bw) if budget_bw else None)
+        )
+
+    def _peer_nodes(self) -> dict[str, tuple[Layout, bool]]:
+        return {
+            name: (n.cache.store.layout, n.up)
+            for name, n in self.state.nodes.items()
+            if not n.cache.closed
+        }
 
     def start(self, node_name: str, revision: str) -> None:
         """Warm ``revision`` on the node in the background (idempotent while it runs)."""
@@ -68,18 +100,35 @@ class Warmer:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.peers is not None:
+            await self.peers.aclose()
 
-    async def pull(self, node: Node, revision: str) -> PullOutcome:
-        """Pull ``revision`` into ``node``; updates the node's cache view either way."""
+    async def pull(self, node: Node, revision: str, *, fan_out: bool = False) -> PullOutcome:
+        """Pull ``revision`` into ``node``; updates the node's cache view either way.
+        With ``fan_out`` (warm-ups) it waits for its turn and uses peers."""
         st = self.state
         rv = st.rv(revision)
         node.views[revision] = cache_view(WarmState.WARMING)
+        started = st.clock.now()
 
         def progress(done: int, total: int) -> None:
             node.progress[revision] = (done, total)
 
+        def waiting(why: str) -> None:
+            node.views[revision] = cache_view(WarmState.WARMING, reason=why)
+
+        admission = None
         try:
-            outcome = await node.cache.pull(rv.source, revision, progress=progress)
+            if fan_out and self.peers is not None:
+                admission = await self.peers.admit(node.name, revision, rv.source, waiting)
+                node.views[revision] = cache_view(WarmState.WARMING)
+            outcome = await node.cache.pull(
+                rv.source,
+                revision,
+                progress=progress,
+                peers=admission.fill if admission is not None else None,
+                origin_limiter=self.origin_limiter,
+            )
         except InsufficientSpace as exc:
             why = redact_url(str(exc))
             node.views[revision] = cache_view(WarmState.UNFIT, reason=why)
@@ -101,10 +150,27 @@ class Warmer:
             raise
         finally:
             node.progress.pop(revision, None)
+            if admission is not None and self.peers is not None:
+                self.peers.release(node.name, revision)
         node.warm_failures.pop(revision, None)
         # The node's last warm-up now succeeded: its failure is history (said above).
         node.last_failure = None
-        st.origin_bytes[(node.name, revision)] += outcome.bytes_fetched
+        bytes_from = outcome.bytes_from
+        st.origin_bytes[(node.name, revision)] += bytes_from["origin"]
+        if fan_out:
+            if admission is not None:
+                mode = admission.mode.value
+            else:
+                mode = "origin" if bytes_from["origin"] else "cache"
+            if outcome.bytes_fetched == 0:
+                mode = "cache"
+            st.warmups[(node.name, revision)] = WarmupRecord(
+                node.name,
+                revision,
+                max(0.0, st.clock.now() - started),
+                mode,
+                {k: v for k, v in bytes_from.items() if v},
+            )
         node.views[revision] = cache_view(WarmState.READY)
         weights = st.spec.cache.weights
         if weights.pin:
@@ -114,7 +180,7 @@ class Warmer:
 
     async def _warm(self, node: Node, revision: str) -> None:
         try:
-            outcome = await self.pull(node, revision)
+            outcome = await self.pull(node, revision, fan_out=True)
         except (PreheatError, OSError):
             return  # the view says why and when it is retried
         except Exception as exc:
@@ -128,7 +194,8 @@ class Warmer:
             raise
         self.state.say(
             f"warmed {revision[:12]} on {node.name}: "
-            f"{format_size(outcome.bytes_fetched)} from origin, "
+            f"{format_size(outcome.bytes_from['origin'])} from origin, "
+            f"{format_size(outcome.bytes_from_peers)} from peers, "
             f"{format_size(outcome.bytes_reused)} reused, {outcome.seconds:.1f} s"
         )
 

@@ -35,6 +35,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import functools
 import hashlib
 import heapq
 import json
@@ -46,6 +47,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
@@ -286,6 +288,10 @@ class FillContext:
     on_bytes: Callable[[int], None] | None = None
     direct: bool = True  # use a source's zero-copy fetch_to_fd when it offers one
     dirty_dirs: set[Path] = field(default_factory=set)  # to fsync before the snapshot commit
+    #: ``sources.peer.PeerFill``: ranges of blobs with a sha256 come from peers first.
+    peers: Any = None
+    #: The cluster-wide origin budget's token bucket (bytes from the origin only).
+    origin_limiter: RateLimiter | None = None
 
 
 async def fetch_blob(
@@ -305,11 +311,18 @@ async def fetch_blob(
     """
     try:
         return await _fetch_blob(ctx, path, location, size, expected, key, seq)
+    except DigestMismatch:
+        if ctx.peers is not None and expected is not None:
+            ctx.peers.blob_failed(expected)
+        raise
     except OSError as exc:
         if exc.errno not in _DISK_FULL:
             raise
         _discard(ctx.layout.tmp / f"{key}.part", ctx.layout.tmp / f"{key}.json")
         raise _disk_full(ctx, location, None, exc) from exc
+    finally:
+        if ctx.peers is not None:
+            ctx.peers.blob_done(expected)
 
 
 async def _fetch_blob(
@@ -341,7 +354,7 @@ async def _fetch_blob(
                     for i in range(prog.n):
                         if i not in done:
                             tg.create_task(
-                                _fetch_range(ctx, prog, fd, location, i, state, done, seq)
+                                _fetch_range(ctx, prog, fd, location, i, state, done, seq, expected)
                             )
             except BaseException as exc:
                 prog.cancel()
@@ -470,17 +483,51 @@ async def _fetch_range(
     state: Path,
     done: set[int],
     seq: int,
+    expected: str | None = None,
 ) -> None:
     start = i * prog.chunk
     end = start + prog.length(i)
+    if ctx.peers is not None:
+        async with ctx.connections.slot((i, seq)):
+            origin = functools.partial(_from_source, ctx, prog, fd, location, i, start, end)
+            await ctx.peers.fetch_range(ctx, prog, fd, i, start, end, expected, origin)
+    else:
+        await _from_source(ctx, prog, fd, location, i, start, end, slot=(i, seq))
+    done.add(i)
+    await asyncio.get_running_loop().run_in_executor(
+        ctx.executor, _save_state, state, prog.size, prog.chunk, location.fingerprint, set(done)
+    )
+    if ctx.fsync:  # start writing this range to disk now, so the final fsync is short
+        prog.writebacks.append(
+            asyncio.get_running_loop().run_in_executor(
+                ctx.executor, _start_writeback, fd, start, end - start
+            )
+        )
+
+
+async def _from_source(
+    ctx: FillContext,
+    prog: _Progress,
+    fd: int,
+    location: Location,
+    i: int,
+    start: int,
+    end: int,
+    *,
+    slot: tuple[int, int] | None = None,
+) -> None:
+    """Range ``i`` from the origin, retried from the byte where it stopped; takes one of
+    the pull's connection slots per attempt at priority ``slot`` (None: the caller
+    holds one)."""
     attempt = 0
     while True:
         pos = start + prog.filled[i]
         if pos >= end:
             break
-        async with ctx.connections.slot((i, seq)):
+        async with ctx.connections.slot(slot) if slot else contextlib.nullcontext():
             try:
-                if ctx.limiter is None and ctx.direct and _can_direct(ctx.source, location):
+                direct = ctx.limiter is None and ctx.origin_limiter is None and ctx.direct
+                if direct and _can_direct(ctx.source, location):
                     try:
                         await _fetch_direct(ctx, prog, fd, location, i, pos, end)
                     except Unsupported:
@@ -499,6 +546,8 @@ async def _fetch_range(
                             ctx.on_bytes(n)
                         if ctx.limiter is not None:
                             await ctx.limiter.take(n)
+                        if ctx.origin_limiter is not None:
+                            await ctx.origin_limiter.take(n)
                 if pos < end:
                     raise TruncatedBody(
                         f"{redact_url(location.url)}: range ended at {pos}, expected {end}"
@@ -519,13 +568,3 @@ async def _fetch_range(
                     raise _disk_full(ctx, location, start + prog.filled[i], exc) from exc
                 raise
         break
-    done.add(i)
-    await asyncio.get_running_loop().run_in_executor(
-        ctx.executor, _save_state, state, prog.size, prog.chunk, location.fingerprint, set(done)
-    )
-    if ctx.fsync:  # start writing this range to disk now, so the final fsync is short
-        prog.writebacks.append(
-            asyncio.get_running_loop().run_in_executor(
-                ctx.executor, _start_writeback, fd, start, end - start
-            )
-        )

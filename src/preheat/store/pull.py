@@ -85,6 +85,10 @@ class PullOptions:
     connections: int
     progress: Progress | None
     chunk: int
+    #: ``sources.peer.PeerFill`` (pieces from peers first) and the cluster-wide origin
+    #: token bucket; both None for a plain origin pull.
+    peers: Any = None
+    origin_limiter: RateLimiter | None = None
 
     def check(self) -> None:
         if self.connections < 1:
@@ -323,6 +327,8 @@ class Puller:
             chunk=opts.chunk,
             retries=self.retries,
             backoff=self.backoff,
+            peers=opts.peers,
+            origin_limiter=opts.origin_limiter,
         )
         files = asyncio.Semaphore(4)  # files hashed at once (one thread each)
         out: dict[str, str] = {}

@@ -13,13 +13,14 @@ import asyncio
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from preheat.artifacts.manifest import Manifest
 from preheat.errors import CacheError, ConfigError, SnapshotInUse, SnapshotNotFound
 from preheat.sources.base import open_source, source_identity
 from preheat.store.db import Db, Tx
 from preheat.store.evict import EvictionPlan, SnapshotInfo, eviction_order
-from preheat.store.fill import DEFAULT_CHUNK
+from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
 from preheat.store.layout import Layout
 from preheat.store.pull import Progress, Puller, PullOptions
 from preheat.store.repair import check_snapshot
@@ -115,9 +116,13 @@ class NodeStore:
         progress: Progress | None = None,
         chunk: int = DEFAULT_CHUNK,
         revision: str | None = None,
+        peers: Any = None,
+        origin_limiter: RateLimiter | None = None,
     ) -> PullResult:
-        """``pull`` for callers that already run an event loop."""
-        opts = PullOptions(rate_limit, connections, progress, chunk)
+        """``pull`` for callers that already run an event loop; ``peers`` (a
+        ``sources.peer.PeerFill``) fetches pieces from peers first, ``origin_limiter``
+        caps the origin bytes/s shared with other pulls (``docs/peers.md``)."""
+        opts = PullOptions(rate_limit, connections, progress, chunk, peers, origin_limiter)
         return await self._puller.apull(ref, opts, endpoint_url=endpoint_url, revision=revision)
 
     # --- space --------------------------------------------------------------------------

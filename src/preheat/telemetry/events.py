@@ -29,6 +29,7 @@ from preheat.telemetry.records import (
     WEIGHTS_SOURCES,
     EventClass,
     StartRecord,
+    WarmupRecord,
 )
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "JsonlReadResult",
     "SampledLog",
     "StartRecord",
+    "WarmupRecord",
     "read_jsonl",
     "read_start_records",
 ]

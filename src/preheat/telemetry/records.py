@@ -37,6 +37,7 @@ __all__ = [
     "WEIGHTS_SOURCES",
     "EventClass",
     "StartRecord",
+    "WarmupRecord",
 ]
 
 #: Stage boundaries in the order a start passes them.
@@ -74,6 +75,49 @@ def _check_ts(name: str, value: float | None) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"StartRecord.{name} = {value!r} is not a finite epoch time in seconds")
+
+
+def _check_bytes_from(record: str, bytes_from: Mapping[str, int]) -> None:
+    """``bytes_from`` maps a weights source (cache, peer, origin) to bytes >= 0."""
+    for source, n in bytes_from.items():
+        if source not in WEIGHTS_SOURCES:
+            raise ValueError(
+                f"{record}.bytes_from has source {source!r}; use cache, peer or origin"
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{record}.bytes_from[{source!r}] = {n!r}; give bytes >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupRecord:
+    """One finished warm-up of a revision on a node: how long it took (from the warm-up's
+    start, any wait for a seed or an origin slot included) and where its bytes came from."""
+
+    node: str
+    revision: str
+    seconds: float
+    #: ``origin`` (it took an origin slot), ``peer`` (every blob from peers) or ``cache``.
+    mode: str
+    bytes_from: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.node or not self.revision:
+            raise ValueError("WarmupRecord needs a node and a revision")
+        if not math.isfinite(self.seconds) or self.seconds < 0:
+            raise ValueError(f"WarmupRecord.seconds = {self.seconds!r}; give seconds >= 0")
+        if self.mode not in WEIGHTS_SOURCES:
+            raise ValueError(f"WarmupRecord.mode = {self.mode!r}; use cache, peer or origin")
+        _check_bytes_from("WarmupRecord", self.bytes_from)
+        object.__setattr__(self, "bytes_from", dict(self.bytes_from))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "revision": self.revision,
+            "seconds": round(self.seconds, 3),
+            "mode": self.mode,
+            "bytes_from": dict(self.bytes_from),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +185,7 @@ class StartRecord:
             raise ValueError(
                 f"StartRecord.weights_source = {self.weights_source!r}; use cache, peer or origin"
             )
-        for source, n in self.bytes_from.items():
-            if source not in WEIGHTS_SOURCES:
-                raise ValueError(
-                    f"StartRecord.bytes_from has source {source!r}; use cache, peer or origin"
-                )
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"StartRecord.bytes_from[{source!r}] = {n!r}; give bytes >= 0")
+        _check_bytes_from("StartRecord", self.bytes_from)
         if self.weights_source == "cache" and any(
             self.bytes_from.get(s, 0) for s in ("peer", "origin")
         ):

@@ -30,9 +30,24 @@ from aiohttp import web
 
 from .procs import free_port, start_server
 
-__all__ = ["NGINX", "HttpOrigin", "S3Origin", "free_port", "nginx_origin", "s3_origin"]
+__all__ = [
+    "NGINX",
+    "HttpOrigin",
+    "S3Origin",
+    "free_port",
+    "nginx_origin",
+    "origin_bytes_sent",
+    "s3_origin",
+]
 
 NGINX = os.environ.get("PREHEAT_NGINX", "/usr/sbin/nginx")
+
+
+def origin_bytes_sent(access_log: Path) -> int:
+    """Body bytes an ``nginx_origin(access_log=...)`` sent, summed over its log."""
+    if not access_log.exists():
+        return 0
+    return sum(int(line.split(" ", 1)[0]) for line in access_log.read_text().splitlines() if line)
 
 
 @dataclass(frozen=True)
@@ -60,7 +75,7 @@ pid {tmp}/nginx.pid;
 error_log {tmp}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    {access}
     client_body_temp_path {tmp}/body;
     proxy_temp_path {tmp}/proxy;
     fastcgi_temp_path {tmp}/fastcgi;
@@ -89,11 +104,14 @@ def nginx_origin(
     limit_rate: int | None = None,
     workers: int = 2,
     port: int | None = None,
+    access_log: Path | None = None,
 ) -> Iterator[HttpOrigin]:
     """Serve ``root`` with nginx on 127.0.0.1 (Range requests included).
 
     ``limit_rate`` caps each connection's bytes per second (nginx ``limit_rate``), which
     turns the local nginx into a slow remote origin for fault and fleet tests.
+    ``access_log``: one line per request, ``<body bytes sent> <status> <uri>``, so a
+    test or benchmark counts what left the origin (``origin_bytes_sent``).
     """
     if not Path(NGINX).exists():
         raise RuntimeError(
@@ -101,6 +119,11 @@ def nginx_origin(
         )
     tmp = Path(tempfile.mkdtemp(prefix="preheat-nginx-"))
     limit = f"limit_rate {int(limit_rate)};" if limit_rate else ""
+    access = (
+        f"log_format sent '$body_bytes_sent $status $uri'; access_log {access_log} sent;"
+        if access_log is not None
+        else "access_log off;"
+    )
     conf = tmp / "nginx.conf"
     # As root, nginx workers would drop to 'nobody' and could not read private temp dirs.
     user = ""
@@ -113,7 +136,13 @@ def nginx_origin(
     def argv(p: int) -> list[str]:
         conf.write_text(
             _NGINX_CONF.format(
-                user=user, workers=workers, tmp=tmp, port=p, root=Path(root).resolve(), limit=limit
+                user=user,
+                workers=workers,
+                tmp=tmp,
+                port=p,
+                root=Path(root).resolve(),
+                limit=limit,
+                access=access,
             )
         )
         return [NGINX, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")]

@@ -1,0 +1,147 @@
+"""Warm-up as a fan-out: who fetches from the origin, who from peers, who waits (pure).
+
+A rollout asks many nodes to warm the same revision at once. Fetching N copies from the
+origin (S3, a Hub, an HTTP server) multiplies its load by N; peers that already hold the
+bytes can carry most of it (Dragonfly's back-to-source seed plus piece exchange,
+Spegel's node-local mirrors). The planner here decides, for every pending warm-up:
+
+``PEER``
+    Every blob the node lacks has a *complete* holder among the other up nodes: the
+    node fetches its pieces from peers (several at once, ranked by ``rank_peers``). A
+    peer that fails or serves wrong bytes costs a retry from another peer, then the
+    origin (``sources.peer``), never a failed warm-up.
+``ORIGIN``
+    Some blob has no complete holder and the **cluster-wide origin budget** has room:
+    the node fills from the origin (pieces that peers do hold still come from peers).
+``WAIT``
+    The budget is spent: the node waits for a seed to finish (then it becomes ``PEER``)
+    or for an origin slot (a seed that failed frees its slot, so nobody waits forever).
+
+The budget (``Budget``): ``concurrent_fills`` origin fills at once over the cluster;
+``None`` (the default, no budget configured) means one origin fill per revision, so N
+nodes warming one revision fetch about one copy from the origin and the rest from
+peers. ``bandwidth`` (bytes/s over every origin fill) is enforced by the fill's shared
+token bucket, not here.
+
+Order is deterministic: requests are taken by (revision, node name); ranking ties are
+broken by rendezvous hashing of (key, peer), so concurrent pieces of one blob spread
+over different peers without coordination and every caller computes the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Budget", "Candidate", "Mode", "WarmRequest", "plan_fanout", "rank_peers"]
+
+
+class Mode(StrEnum):
+    ORIGIN = "origin"
+    PEER = "peer"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Cluster-wide origin budget (``origin.budget`` in the cluster file)."""
+
+    #: Origin fills running at once over the cluster; ``None``: one per revision.
+    concurrent_fills: int | None = None
+    #: Origin bytes/s over every fill at once; ``None``: unlimited.
+    bandwidth: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrent_fills is not None and self.concurrent_fills < 1:
+            raise ValueError(f"Budget.concurrent_fills {self.concurrent_fills} must be >= 1")
+        if self.bandwidth is not None and self.bandwidth <= 0:
+            raise ValueError(f"Budget.bandwidth {self.bandwidth} must be > 0 bytes/s")
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """A node that wants ``revision`` and lacks the blobs ``missing`` (sha256 digests)."""
+
+    node: str
+    revision: str
+    missing: frozenset[str]
+
+
+def plan_fanout(
+    requests: Iterable[WarmRequest],
+    complete: Mapping[str, frozenset[str]],
+    running: Iterable[tuple[str, str]],
+    budget: Budget,
+) -> dict[tuple[str, str], Mode]:
+    """``(node, revision) -> Mode`` for each request.
+
+    ``complete``: up node -> the blobs it holds complete and verified (the only holders
+    that count for ``PEER``); ``running``: (node, revision) of origin fills in flight,
+    which keep their slot (a request among them stays ``ORIGIN``).
+    """
+    running = sorted(set(running))
+    per_revision: dict[str, int] = {}
+    for _, rev in running:
+        per_revision[rev] = per_revision.get(rev, 0) + 1
+    total = len(running)
+    out: dict[tuple[str, str], Mode] = {}
+    for req in sorted(set(requests), key=lambda r: (r.revision, r.node)):
+        key = (req.node, req.revision)
+        if key in out:
+            continue
+        if key in running:
+            out[key] = Mode.ORIGIN
+            continue
+        others = [blobs for node, blobs in complete.items() if node != req.node]
+        if all(any(d in blobs for blobs in others) for d in req.missing):
+            out[key] = Mode.PEER
+            continue
+        if budget.concurrent_fills is None:
+            room = per_revision.get(req.revision, 0) < 1
+        else:
+            room = total < budget.concurrent_fills
+        if room:
+            out[key] = Mode.ORIGIN
+            per_revision[req.revision] = per_revision.get(req.revision, 0) + 1
+            total += 1
+        else:
+            out[key] = Mode.WAIT
+    return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A peer that holds a piece: ``serving`` transfers in flight, ``complete`` whether
+    it holds the whole blob (else only verified pieces of a fill in progress)."""
+
+    name: str
+    serving: int = 0
+    complete: bool = True
+
+
+def _weight(key: str, name: str) -> str:
+    return hashlib.sha256(f"{key}\0{name}".encode()).hexdigest()
+
+
+def rank_peers(
+    candidates: Iterable[Candidate], key: str, avoid: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """Peers to try for one piece (``key`` names it, e.g. ``digest:index``), best first:
+    least busy serving first, then rendezvous order of (key, peer); peers in ``avoid``
+    (served wrong bytes, or failed this blob) are left out."""
+    seen: dict[str, Candidate] = {}
+    for c in candidates:
+        if c.name not in avoid and c.name not in seen:
+            seen[c.name] = c
+    ranked = sorted(seen.values(), key=lambda c: (c.serving, _neg(_weight(key, c.name))))
+    return tuple(c.name for c in ranked)
+
+
+def _neg(hexdigest: str) -> str:
+    """A key that sorts hex digests in descending order (highest random weight first)."""
+    return hexdigest.translate(_FLIP)
+
+
+_FLIP = str.maketrans("0123456789abcdef", "fedcba9876543210")

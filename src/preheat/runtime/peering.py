@@ -1,0 +1,190 @@
+"""The local fleet's peers: one blob server per node, who holds what, the origin budget.
+
+``FleetPeers`` is what a warm-up asks before it fills (``admit``) and what its fill asks
+for each piece (``candidates``, the ``sources.peer.PeerDirectory`` protocol):
+
+- every node's store is served by its own ``store.peer_server.PeerServer`` on
+  127.0.0.1 (its own port), started with the first warm-up; the **cluster token** is
+  drawn at random when the fleet starts and held in memory only (never on a command
+  line, in the fleet log, status or a metric);
+- ``admit`` waits until ``control.fanout.plan_fanout`` gives the warm-up ``origin`` (a
+  slot of the cluster-wide origin budget) or ``peer`` (every blob it lacks is complete
+  on another up node), and hands back the ``PeerFill`` for it; an origin fill keeps
+  its slot until ``release``;
+- ``candidates`` ranks the up nodes that hold a piece (published blob, or a verified
+  piece of a fill in progress) with ``control.fanout.rank_peers``: least busy serving
+  first; a peer that served bytes failing verification is avoided for the fleet's life;
+- the origin budget's bytes/s is one token bucket shared by every origin fill.
+
+Who holds a blob is read from the node stores' ``blobs/`` (a stat) and the nodes'
+``PieceBook``s: in one process that is the truth; Kubernetes node agents learn it from
+``NodeCache`` objects and ask the peer's ``/pieces`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from preheat.control.fanout import Budget, Candidate, Mode, WarmRequest, plan_fanout, rank_peers
+from preheat.sources.base import open_source
+from preheat.sources.peer import PeerClient, PeerFill
+from preheat.sources.pieces import PieceBook
+from preheat.store.fill import RateLimiter
+from preheat.store.layout import Layout
+from preheat.store.peer_server import PeerServer
+
+__all__ = ["Admission", "FleetPeers"]
+
+_POLL = 0.25  # seconds between looks while a warm-up waits for a seed or a slot
+
+
+@dataclass
+class _Member:
+    server: PeerServer
+    book: PieceBook
+
+
+@dataclass
+class Admission:
+    """A warm-up's place in the fan-out: how it fills, and the fill's peer side."""
+
+    mode: Mode
+    fill: PeerFill
+    origin_limiter: RateLimiter | None
+
+
+class FleetPeers:
+    """See the module docstring. ``nodes()`` gives name -> (store layout, up) now."""
+
+    def __init__(
+        self,
+        budget: Budget,
+        nodes: Callable[[], dict[str, tuple[Layout, bool]]],
+        say: Callable[[str], None],
+    ) -> None:
+        self.budget = budget
+        self._nodes = nodes
+        self._say = say
+        self._token = secrets.token_urlsafe(32)
+        self._client = PeerClient(self._token)
+        self._members: dict[str, _Member] = {}
+        self._running: set[tuple[str, str]] = set()
+        self._pending: dict[tuple[str, str], frozenset[str]] = {}
+        self._blobs: dict[str, frozenset[str]] = {}
+        self._changed = asyncio.Event()
+        self._start_lock = asyncio.Lock()
+        #: peer -> why it is avoided (it served bytes that failed verification).
+        self.avoided: dict[str, str] = {}
+        self.origin_limiter = RateLimiter(budget.bandwidth) if budget.bandwidth else None
+
+    # --- servers --------------------------------------------------------------------
+
+    async def ensure_servers(self) -> None:
+        """A peer server for every node that has none yet (nodes may join later)."""
+        async with self._start_lock:
+            for name, (layout, _up) in self._nodes().items():
+                if name not in self._members:
+                    book = PieceBook()
+                    server = PeerServer(layout, self._token, book)
+                    await server.start()
+                    self._members[name] = _Member(server, book)
+
+    def server(self, node: str) -> PeerServer | None:
+        m = self._members.get(node)
+        return m.server if m is not None else None
+
+    async def aclose(self) -> None:
+        for m in self._members.values():
+            with contextlib.suppress(Exception):
+                await m.server.stop()
+        self._members.clear()
+        await self._client.aclose()
+
+    # --- admission ------------------------------------------------------------------
+
+    async def blobs_of(self, revision: str, source: str) -> frozenset[str]:
+        """The sha256 digests a revision's manifest lists (resolved once per revision)."""
+        known = self._blobs.get(revision)
+        if known is None:
+            src = open_source(source)
+            try:
+                res = await src.resolve()
+            finally:
+                await src.aclose()
+            known = frozenset(f.sha256 for f in res.manifest.files if f.sha256 is not None)
+            self._blobs[revision] = known
+        return known
+
+    def _complete(self, digests: frozenset[str]) -> dict[str, frozenset[str]]:
+        out = {}
+        for name, (layout, up) in self._nodes().items():
+            if up and name in self._members:
+                out[name] = frozenset(d for d in digests if layout.blob(d).exists())
+        return out
+
+    async def admit(
+        self, node: str, revision: str, source: str, on_wait: Callable[[str], None]
+    ) -> Admission:
+        """Wait for this warm-up's turn in the fan-out (see the module docstring)."""
+        await self.ensure_servers()
+        blobs = await self.blobs_of(revision, source)
+        key = (node, revision)
+        layout = self._nodes()[node][0]
+        try:
+            while True:
+                missing = frozenset(d for d in blobs if not layout.blob(d).exists())
+                self._pending[key] = missing
+                requests = [WarmRequest(n, r, m) for (n, r), m in self._pending.items()]
+                wanted = frozenset().union(*self._pending.values())
+                plan = plan_fanout(requests, self._complete(wanted), self._running, self.budget)
+                mode = plan[key]
+                if mode is Mode.ORIGIN:
+                    self._running.add(key)
+                if mode is not Mode.WAIT:
+                    fill = PeerFill(self._client, self, node, self._members[node].book)
+                    return Admission(mode, fill, self.origin_limiter)
+                on_wait(
+                    "waiting for a peer to hold the model or an origin slot "
+                    f"({len(self._running)} origin fill(s) running)"
+                )
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), _POLL)
+        finally:
+            self._pending.pop(key, None)
+
+    def release(self, node: str, revision: str) -> None:
+        """A warm-up ended (either way): its origin slot, if any, is free again."""
+        self._running.discard((node, revision))
+        self._changed.set()
+
+    def wake(self) -> None:
+        """Something changed (a blob was published): waiting warm-ups look again."""
+        self._changed.set()
+
+    # --- PeerDirectory --------------------------------------------------------------
+
+    def candidates(self, digest: str, index: int, receiver: str) -> list[tuple[str, str]]:
+        nodes = self._nodes()
+        found: list[Candidate] = []
+        for name, m in self._members.items():
+            if name == receiver or name not in nodes or not nodes[name][1]:
+                continue
+            layout = nodes[name][0]
+            if layout.blob(digest).exists():
+                found.append(Candidate(name, m.server.serving, True))
+                continue
+            partial = m.book.get(digest)
+            if partial is not None and index in partial.verified:
+                found.append(Candidate(name, m.server.serving, False))
+        ranked = rank_peers(found, f"{digest}:{index}", frozenset(self.avoided))
+        return [(n, self._members[n].server.url) for n in ranked]
+
+    def avoid(self, peer: str, why: str) -> None:
+        if peer not in self.avoided:
+            self.avoided[peer] = why
+            self._say(f"avoiding peer {peer}: {why}")

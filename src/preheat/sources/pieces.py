@@ -1,0 +1,97 @@
+"""Pieces: the unit peers exchange, and which pieces of a fill in progress are verified.
+
+A blob is cut into ``PIECE_SIZE`` pieces (the last one shorter). A blob's *piece list*
+is the sha256 of each piece, computed from the complete blob after its own sha256 was
+verified (``piece_digests``); peers hand it out with the blob (``GET
+/blobs/sha256:<hex>/pieces``).
+
+Why pieces are verified against a list: a blob has one sha256, so no part of a blob
+can be checked before all of it is there. A node filling from the origin therefore
+serves nothing of a blob until it is published (complete and verified). A node filling
+from peers holds the piece list and checks every piece against it as the piece lands,
+before the piece counts as written; those pieces, and only those, are *verified* and
+it serves them to other peers while its fill runs (``PieceBook``). The whole blob is
+still checked against the manifest's sha256 at the end, as from any origin: a piece
+list that lied fails there and its sender is avoided.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["PIECE_SIZE", "PartialBlob", "PieceBook", "blob_path", "piece_count", "piece_digests"]
+
+#: Bytes per piece; a fill that may use peers uses it as its range size.
+PIECE_SIZE = 16 << 20
+
+
+def blob_path(digest: str) -> str:
+    """The URL path of a blob on a peer server (``store.peer_server``)."""
+    return f"/blobs/sha256:{digest}"
+
+
+def piece_count(size: int, piece: int = PIECE_SIZE) -> int:
+    return max(1, -(-size // piece))
+
+
+def piece_digests(path: os.PathLike[str] | str, size: int, piece: int = PIECE_SIZE) -> list[str]:
+    """sha256 of each piece of a complete file (blocking: run it in a thread)."""
+    out = []
+    with open(path, "rb", buffering=0) as f:
+        for _ in range(piece_count(size, piece)):
+            h = hashlib.sha256()
+            left = piece
+            while left > 0:
+                data = f.read(min(left, 4 << 20))
+                if not data:
+                    break
+                h.update(data)
+                left -= len(data)
+            out.append(h.hexdigest())
+    return out
+
+
+@dataclass
+class PartialBlob:
+    """One blob a node is filling from peers: its piece list and the pieces verified."""
+
+    size: int
+    piece: int
+    digests: tuple[str, ...]
+    verified: set[int] = field(default_factory=set)
+
+    def covers(self, start: int, end: int) -> bool:
+        """Whether every byte of [start, end) lies in verified pieces."""
+        if start >= end:
+            return False
+        first, last = start // self.piece, (end - 1) // self.piece
+        return all(i in self.verified for i in range(first, last + 1))
+
+
+class PieceBook:
+    """A node's fills in progress from peers (digest -> ``PartialBlob``); lives on the
+    event loop that runs the node's fills and its peer server."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, PartialBlob] = {}
+
+    def start(self, digest: str, size: int, piece: int, digests: tuple[str, ...]) -> PartialBlob:
+        entry = self._blobs.get(digest)
+        if entry is None or entry.digests != digests:
+            entry = self._blobs[digest] = PartialBlob(size, piece, digests)
+        return entry
+
+    def verified(self, digest: str, index: int) -> None:
+        entry = self._blobs.get(digest)
+        if entry is not None:
+            entry.verified.add(index)
+
+    def get(self, digest: str) -> PartialBlob | None:
+        return self._blobs.get(digest)
+
+    def finish(self, digest: str) -> None:
+        """The fill ended (published, failed or cancelled): nothing of it is served from
+        ``tmp/`` any more (a published blob is served from ``blobs/``)."""
+        self._blobs.pop(digest, None)
