@@ -460,9 +460,10 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             f"(model {format_size(s['model_bytes'])}, origin {format_size(s['origin_bandwidth_bytes_per_s'])}/s per node)"
         )
     console.print(
-        f"version change: {format_size(s['rollout_bytes_fetched'])} fetched over {s['rollout_nodes']} nodes "
-        f"(changed shard {format_size(s['rollout_changed_shard_bytes'])} per node; a full copy would be "
-        f"{format_size(s['model_bytes'] * s['rollout_nodes'])}), rolled in {s['rollout_seconds']:.1f} s"
+        f"version change: {format_size(s['rollout_bytes_fetched'])} fetched from the origin for {s['rollout_nodes']} nodes "
+        f"(the changed shard, {format_size(s['rollout_changed_shard_bytes'])}, once; peers carried it to the "
+        f"other nodes; a full copy per node would be {format_size(s['model_bytes'] * s['rollout_nodes'])}), "
+        f"rolled in {s['rollout_seconds']:.1f} s"
     )
     rt = Table(title="routing (same requests, same replicas)", title_justify="left")
     for col in ("strategy", "TTFT p50 ms", "TTFT p90 ms", "KV hit rate", "shares", "failed"):

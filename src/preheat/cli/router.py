@@ -15,7 +15,7 @@ import click
 
 from preheat.errors import ConfigError
 from preheat.router.policies import POLICIES
-from preheat.router.policies.base import PolicyParams
+from preheat.router.policies.base import PLACEMENTS, PolicyParams
 
 #: Option defaults come from the policy's own parameters (one source of truth).
 _P = PolicyParams()
@@ -76,10 +76,12 @@ def router() -> None:
 )
 @click.option(
     "--placement",
-    type=click.Choice(["learned", "hash", "hybrid"]),
+    type=click.Choice(list(PLACEMENTS)),
     default=_P.placement,
     show_default=True,
-    help="prefix_aware: learned (load-aware, best hit rate and balance), hash "
+    help="prefix_aware: learned (least predicted time to first token: the prompt's "
+    "uncached part on each instance, from a KV-capacity-aware index, plus its queued "
+    "prefill, within load and share bounds; best hit rate and balance), hash "
     "(stateless rendezvous; replicas agree whatever order they see requests in) or "
     "hybrid (stable home keys, hot prefixes spread over several instances; replicas "
     "agree whatever their in-flight counts unless they see requests in a different "

@@ -70,7 +70,8 @@ class _Model(_Edge):
         if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
             raise ValueError(
                 f"{v!r} is not a source ref; use file:///dir, "
-                "http(s)://.../preheat-manifest.json or s3://bucket/prefix"
+                "http(s)://.../preheat-manifest.json, s3://bucket/prefix, "
+                "hf://ORG/NAME[@REVISION] or oci://registry/repo:tag"
             )
         try:
             parse_ref(v)
