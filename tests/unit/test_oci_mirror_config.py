@@ -44,3 +44,33 @@ def test_bad_input_is_named(registry: str, mirror: str, caps: tuple[str, ...], b
     """A bad registry, mirror URL or a push capability is refused naming it."""
     with pytest.raises(ConfigError, match=bad):
         hosts_toml(registry, mirror, capabilities=caps)
+
+
+def test_render_ships_the_hosts_files_in_a_configmap() -> None:
+    """`preheat k8s render --containerd-mirror` adds a ConfigMap whose keys are valid
+    ConfigMap keys, whose annotation maps each to containerd's path, and whose bodies are
+    hosts_toml's; a bad registry is a usage error naming it."""
+    import yaml
+    from click.testing import CliRunner
+
+    from preheat.cli import main
+    from preheat.runtime.kubernetes.mirror_config import hosts_toml
+
+    out = CliRunner().invoke(
+        main, ["k8s", "render", "--crds", "--containerd-mirror", "registry.example:5000"]
+    )
+    assert out.exit_code == 0, out.output
+    cms = [d for d in yaml.safe_load_all(out.output) if d and d["kind"] == "ConfigMap"]
+    assert len(cms) == 1
+    cm = cms[0]
+    assert cm["metadata"]["namespace"] == "preheat-system"
+    assert cm["data"] == {
+        "registry.example_5000.hosts.toml": hosts_toml(
+            "registry.example:5000", "http://127.0.0.1:5001"
+        )
+    }
+    assert cm["metadata"]["annotations"]["preheat.dev/hosts-paths"] == (
+        "registry.example_5000.hosts.toml=/etc/containerd/certs.d/registry.example:5000/hosts.toml"
+    )
+    bad = CliRunner().invoke(main, ["k8s", "render", "--containerd-mirror", "not a host"])
+    assert bad.exit_code == 2 and "'not a host'" in bad.output

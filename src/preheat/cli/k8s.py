@@ -46,6 +46,21 @@ def k8s() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write one file per part and a kustomization.yaml into this directory instead.",
 )
+@click.option(
+    "--containerd-mirror",
+    "mirror_registries",
+    multiple=True,
+    metavar="REGISTRY",
+    help="Also render containerd hosts.toml files (a ConfigMap) that send pulls of REGISTRY "
+    "(host[:port] or docker.io) to the node's image mirror first; repeatable "
+    "(docs/images.md).",
+)
+@click.option(
+    "--mirror-url",
+    default="http://127.0.0.1:5001",
+    show_default=True,
+    help="Where the node image mirror (`preheat image serve`) listens on each node.",
+)
 def render(
     files: tuple[Path, ...],
     crds_only: bool,
@@ -53,6 +68,8 @@ def render(
     system_namespace: str,
     image: str | None,
     kustomize_dir: Path | None,
+    mirror_registries: tuple[str, ...],
+    mirror_url: str,
 ) -> None:
     """Print the manifests as one YAML stream for `kubectl apply -f -`.
 
@@ -60,6 +77,7 @@ def render(
     preheat k8s render                      CRDs + operator + agent (with RBAC)
     preheat k8s render --crds               the CRDs only
     preheat k8s render -f endpoint.yaml     ... + the endpoint's router and InferenceEndpoint
+    preheat k8s render --containerd-mirror registry.example:5000   ... + hosts.toml ConfigMap
     """
     from preheat.runtime.kubernetes.crds import custom_resource_definitions
     from preheat.runtime.kubernetes.render import (
@@ -79,6 +97,15 @@ def render(
     parts = {"crds.yaml": custom_resource_definitions()}
     if not crds_only:
         parts["system.yaml"] = system_manifests(namespace=system_namespace, image=img)
+    if mirror_registries:
+        from preheat.runtime.kubernetes.mirror_config import mirror_configmap
+
+        try:
+            cm = mirror_configmap(list(mirror_registries), mirror_url, namespace=system_namespace)
+        except ConfigError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        parts["containerd-mirror.yaml"] = [cm]
     for spec, pod in endpoints:
         parts[f"endpoint-{spec.name}.yaml"] = endpoint_manifests(
             spec, namespace=namespace, image=img, pod=pod

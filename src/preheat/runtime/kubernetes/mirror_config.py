@@ -78,3 +78,38 @@ def mirror_files(
     """path -> contents of every ``hosts.toml`` for ``registries`` (what a node needs;
     ``preheat k8s render`` can put these in a ConfigMap the agent writes to the host)."""
     return {hosts_path(r, config_path): hosts_toml(r, mirror) for r in sorted(set(registries))}
+
+
+def mirror_configmap(
+    registries: list[str],
+    mirror: str,
+    *,
+    namespace: str,
+    name: str = "preheat-containerd-hosts",
+    config_path: str = DEFAULT_CONFIG_PATH,
+) -> dict[str, object]:
+    """A ConfigMap holding every ``hosts.toml`` for ``registries``. ConfigMap keys cannot
+    hold ``/``, so each key is ``<registry with ':' as '_'>.hosts.toml`` and the
+    annotation ``preheat.dev/hosts-paths`` maps key -> the path containerd reads; a node
+    bootstrap step (or a DaemonSet with a hostPath on ``config_path``) copies them there."""
+    files = mirror_files(registries, mirror, config_path)
+    data: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for path, body in files.items():
+        registry = path[len(config_path.rstrip("/")) + 1 : -len("/hosts.toml")]
+        key = registry.replace(":", "_").strip("[]") + ".hosts.toml"
+        data[key] = body
+        paths[key] = path
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "preheat", "app.kubernetes.io/component": "agent"},
+            "annotations": {
+                "preheat.dev/hosts-paths": ", ".join(f"{k}={v}" for k, v in sorted(paths.items()))
+            },
+        },
+        "data": data,
+    }
