@@ -346,38 +346,9 @@ def rag_chat(n: int, *, max_tokens: int = 16, seed: int = 0) -> list[WorkItem]:
     return mixed(n, weights={"rag": 0.5, "chat": 0.5}, max_tokens=max_tokens, seed=seed)
 
 
-def code_completion(
-    n: int,
-    *,
-    repos: int = 4,
-    files: int = 40,
-    context_chars: int = 4000,
-    file_chars: int = 6000,
-    zipf_s: float = 1.1,
-    max_tokens: int = 16,
-    seed: int = 0,
-) -> list[WorkItem]:
-    """Code completion over repositories: the repository's context, then one of its
-    files (Zipf-popular) cut at a random cursor, so prompts share the context and a
-    file's head."""
-    _check(n, "n")
-    vocab = _vocab(seed)
-    rng = random.Random(seed)
-    ctx = [f"# repository {r}\n" + text(rng, context_chars, vocab) for r in range(repos)]
-    src = [
-        [f"\n# file {r}/{f}.py\n" + text(rng, file_chars, vocab) for f in range(files)]
-        for r in range(repos)
-    ]
-    rw = zipf_weights(repos, zipf_s)
-    fw = zipf_weights(files, zipf_s)
-    out = []
-    for i in range(n):
-        r = rng.choices(range(repos), weights=rw)[0]
-        f = rng.choices(range(files), weights=fw)[0]
-        cursor = rng.randrange(file_chars // 4, file_chars)
-        body = {"model": "m", "max_tokens": max_tokens, "prompt": ctx[r] + src[r][f][:cursor]}
-        out.append(WorkItem(f"cc-{seed}-{i}", COMPLETIONS, body, f"repo{r}/file{f}"))
-    return out
+#: The router benchmarks' name for ``code`` (same shape: repository context, then a
+#: Zipf-popular file cut at a random cursor).
+code_completion = code
 
 
 WORKLOADS["rag_chat"] = rag_chat
