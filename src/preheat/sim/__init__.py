@@ -1,0 +1,1 @@
+"""Fleet simulator: routing and cold-start on virtual time, with the live system's policy code."""
