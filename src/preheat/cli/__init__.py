@@ -26,6 +26,9 @@ COMMANDS: dict[str, str] = {
     "report": "preheat.cli.report:report",
     "k8s": "preheat.cli.k8s:k8s",
     "agent": "preheat.cli.agent:agent",
+    # simcold (issue 13, cold-start half): temporary top-level entry; the lead moves
+    # `coldstart` into the `sim` group at merge.
+    "sim-coldstart": "preheat.cli.sim_coldstart:coldstart",
 }
 
 
