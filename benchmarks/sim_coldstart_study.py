@@ -7,12 +7,14 @@ origin bandwidth shared by all downloads, 25 Gbps per node, one replica per node
 1. Readiness p99 of scale-out starts with no cache vs each cache policy (at one NVMe
    size, ``--nvme``), peers off and on.
 2. The smallest per-node NVMe size (of ``--sizes``) at which the cache-miss share of all
-   starts stays under 5 %, per policy, peers off and on.
+   starts stays under 5 %, for ``warm-all`` and ``lru``, peers off and on.
+
+Rows print as runs finish (question 1 first), so a cut-short run still reports.
 
 Every run is ``preheat sim coldstart`` with the same seed, so the runs see the same
 demand; the command line of each is printed with its numbers.
 
-    .venv/bin/python benchmarks/sim_coldstart_study.py --jobs 2
+    .venv/bin/python benchmarks/sim_coldstart_study.py --jobs 2 --duration 36h
 """
 
 from __future__ import annotations
@@ -62,76 +64,78 @@ def p99(out: dict[str, Any], cls: str = "scale_out") -> float | None:
     return None if row is None else row["p99_s"]
 
 
+def plan_runs(nvme: str, sizes: list[str], duration: str) -> list[dict[str, Any]]:
+    """Question 1 first (every policy at ``nvme``, peers off, then on), then the sweep."""
+    runs: list[dict[str, Any]] = []
+
+    def add(policy: str, peers: bool, size: str) -> None:
+        run = {**BASE, "policy": policy, "peers": peers, "nvme": size, "duration": duration}
+        if run not in runs:
+            runs.append(run)
+
+    for peers in (False, True):
+        for policy in CACHE_POLICIES:
+            if not (policy == "none" and peers):  # no store: nothing to serve peers from
+                add(policy, peers, nvme)
+    for policy in SWEEP:
+        for peers in (False, True):
+            for size in sizes:
+                add(policy, peers, size)
+    return runs
+
+
+SWEEP = ("warm-all", "lru")
+
+
+def row(r: dict[str, Any]) -> str:
+    so = r["readiness"].get("scale_out", {})
+    nan = float("nan")
+    return (
+        f"| {r['policy']} | {'on' if r['peers'] else 'off'} | {r['nvme_bytes'] / 1e12:g} TB | "
+        f"{so.get('n', 0)} | {so.get('p50_s', nan):.0f} | {so.get('p95_s', nan):.0f} | "
+        f"{so.get('p99_s', nan):.0f} | {r['cache_miss_share']:.1%} | "
+        f"{r['origin_bytes'] / 1e12:.1f} | {r['peer_bytes'] / 1e12:.1f} | "
+        f"{r['unmet_demand_s'] / 3600:.1f} | {r['wall_s']} |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nvme", default="3TB", help="NVMe per node for question 1")
-    ap.add_argument("--sizes", default="0.5TB,1TB,2TB,3TB,4TB", help="NVMe sizes for question 2")
-    ap.add_argument("--duration", default="48h")
+    ap.add_argument("--sizes", default="1TB,2TB,3TB,4TB", help="NVMe sizes for question 2")
+    ap.add_argument("--duration", default="36h")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--policies", default=",".join(CACHE_POLICIES))
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")
     args = ap.parse_args()
-    policies = args.policies.split(",")
-    runs: list[dict[str, Any]] = []
-    for peers in (False, True):
-        for policy in policies:
-            if policy == "none" and peers:
-                continue  # no store, nothing to serve peers from
-            for nvme in dict.fromkeys([args.nvme, *args.sizes.split(",")]):
-                if policy == "none" and nvme != args.nvme:
-                    continue  # no store: the size does not matter
-                runs.append(
-                    {**BASE, "policy": policy, "peers": peers, "nvme": nvme,
-                     "duration": args.duration}
-                )  # fmt: skip
+    runs = plan_runs(args.nvme, args.sizes.split(","), args.duration)
+    print(f"# {len(runs)} runs, {args.jobs} processes; scale_out readiness, seconds")
+    print(
+        "| policy | peers | NVMe | scale_out n | p50 s | p95 s | p99 s | miss share (all "
+        "starts) | origin TB | peer TB | unmet demand h | wall s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    results = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, runs))
-    print(f"# {len(runs)} runs in {time.perf_counter() - t0:.0f} s wall ({args.jobs} processes)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-
-    print(f"\n## 1. scale-out readiness at {args.nvme} NVMe per node")
-    print("| policy | peers | scale_out n | p50 s | p95 s | p99 s | miss share | origin TB | "
-          "peer TB | unmet demand h |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        if r["nvme_bytes"] != prepare(models=MODELS, **{**runs[0], "nvme": args.nvme})[0].nvme:
-            continue
-        so = r["readiness"].get("scale_out", {})
-        print(
-            f"| {r['policy']} | {'on' if r['peers'] else 'off'} | {so.get('n', 0)} | "
-            f"{so.get('p50_s', float('nan')):.0f} | {so.get('p95_s', float('nan')):.0f} | "
-            f"{so.get('p99_s', float('nan')):.0f} | {r['cache_miss_share']:.1%} | "
-            f"{r['origin_bytes'] / 1e12:.1f} | {r['peer_bytes'] / 1e12:.1f} | "
-            f"{r['unmet_demand_s'] / 3600:.1f} |"
-        )
-
-    print("\n## 2. cache-miss share of all starts by NVMe size")
-    sizes = list(dict.fromkeys(args.sizes.split(",")))
-    print("| policy | peers | " + " | ".join(sizes) + " | smallest under 5% |")
-    print("|---|---|" + "---|" * (len(sizes) + 1))
-    for peers in (False, True):
-        for policy in policies:
-            if policy == "none":
-                continue
-            row = []
-            best = "none of these"
-            for size in sizes:
-                nv = prepare(models=MODELS, **{**runs[0], "nvme": size})[0].nvme
-                match = [
-                    r for r in results
-                    if r["policy"] == policy and r["peers"] == peers and r["nvme_bytes"] == nv
-                ]  # fmt: skip
-                share = match[0]["cache_miss_share"]
-                row.append(f"{share:.1%}")
-                if share < 0.05 and best == "none of these":
-                    best = size
-            print(f"| {policy} | {'on' if peers else 'off'} | " + " | ".join(row) + f" | {best} |")
-
+        for r in pool.map(one, runs):
+            results.append(r)
+            print(row(r), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+    print(f"# {time.perf_counter() - t0:.0f} s wall")
+    print("\n## smallest NVMe with a cache-miss share under 5 %")
+    for policy in SWEEP:
+        for peers in (False, True):
+            ok = sorted(
+                r["nvme_bytes"]
+                for r in results
+                if r["policy"] == policy and r["peers"] == peers and r["cache_miss_share"] < 0.05
+            )
+            best = f"{ok[0] / 1e12:g} TB" if ok else "none of the sizes tried"
+            print(f"- {policy}, peers {'on' if peers else 'off'}: {best}")
     print("\n## commands")
     for r in results:
-        print(f"    {r['command']}   # {r['wall_s']} s")
+        print(f"    {r['command']}")
 
 
 if __name__ == "__main__":
