@@ -208,3 +208,13 @@ def _print(out: dict[str, Any]) -> None:
     t.add_row("decisions", ", ".join(f"{k} {v}" for k, v in out["decisions"].items()))
     t.add_row("errors", str(out["errors"]))
     Console().print(t)
+
+
+def _coldstart() -> None:
+    # The cold-start simulator's command lives in its own module (one concept each).
+    from preheat.cli.sim_coldstart import coldstart
+
+    sim.add_command(coldstart)
+
+
+_coldstart()

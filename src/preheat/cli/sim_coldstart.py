@@ -1,0 +1,137 @@
+"""``preheat sim coldstart``: a fleet's replica readiness under a cache policy, on virtual time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from preheat.config import format_size
+from preheat.errors import ConfigError
+from preheat.sim.coldstart_config import CACHE_POLICIES
+from preheat.sim.traffic import PATTERNS
+
+
+@click.command()
+@click.option("--nodes", type=int, required=True, help="Nodes in the fleet at the start.")
+@click.option("--nvme", required=True, help="Local NVMe per node, e.g. 3.5TB or 2TiB.")
+@click.option(
+    "--models",
+    "models_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="YAML of the models (name, size, popularity or zipf; see docs/simulation.md).",
+)
+@click.option("--pattern", type=click.Choice(PATTERNS), default=None, help="Synthetic demand.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='JSON lines of demand: {"t": s, "model": NAME, "in_flight": x} or {"t": s, "total": x}.',
+)
+@click.option(
+    "--cache-policy",
+    type=click.Choice(CACHE_POLICIES),
+    required=True,
+    help="none | warm-all | lru | priority (+ pins) | predictive.",
+)
+@click.option(
+    "--origin-bandwidth",
+    default="10Gbps",
+    show_default=True,
+    help="Shared by all downloads from the origin (fair share), e.g. 40Gbps or 5GB/s.",
+)
+@click.option(
+    "--node-bandwidth",
+    default="25Gbps",
+    show_default=True,
+    help="Each node's link, split between its downloads (and its uploads to peers).",
+)
+@click.option(
+    "--peers",
+    type=click.Choice(["on", "off"]),
+    default="off",
+    show_default=True,
+    help="on: a node that holds a revision serves it to others instead of the origin.",
+)
+@click.option("--slots", type=int, default=1, show_default=True, help="Replicas per node.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
+@click.option(
+    "--duration",
+    default=None,
+    help="Virtual time to simulate, e.g. 72h (default 3 days; 12h for burst; trace end + 1h).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def coldstart(
+    nodes: int,
+    nvme: str,
+    models_path: Path,
+    pattern: str | None,
+    trace_path: Path | None,
+    cache_policy: str,
+    origin_bandwidth: str,
+    node_bandwidth: str,
+    peers: str,
+    slots: int,
+    seed: int,
+    duration: str | None,
+    as_json: bool,
+) -> None:
+    """Simulate replica cold starts on a fleet with local NVMe, on virtual time.
+
+    The live policy code decides everything: control.autoscale sets each model's
+    replica count from its demand, control.plan warms, gates, places and drains,
+    store.evict chooses what leaves a full disk, telemetry.classify labels each start.
+    Prints readiness (scheduled -> healthy) p50/p95/p99 per event class, the share of
+    starts that missed the cache, bytes from the origin and from peers, and the time
+    some model had fewer ready replicas than its demand needed.
+    """
+    from preheat.sim.coldstart import simulate
+    from preheat.sim.coldstart_files import prepare
+
+    try:
+        setup, rng = prepare(
+            nodes=nodes,
+            nvme=nvme,
+            models=models_path,
+            policy=cache_policy,
+            pattern=pattern,
+            trace=trace_path,
+            origin_bandwidth=origin_bandwidth,
+            node_bandwidth=node_bandwidth,
+            peers=peers == "on",
+            slots=slots,
+            seed=seed,
+            duration=duration,
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    out = simulate(setup, rng).to_dict()
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+        return
+    hours = out["duration_s"] / 3600
+    click.echo(
+        f"{out['policy']} on {out['nodes']} nodes x {format_size(out['nvme_bytes'])} NVMe, "
+        f"{out['models']} models ({format_size(out['model_bytes'])}), {out['pattern']}, "
+        f"{hours:.1f} h, peers {'on' if out['peers'] else 'off'}, seed {out['seed']}"
+    )
+    click.echo(f"{'event class':<20} {'n':>5} {'p50 s':>9} {'p95 s':>9} {'p99 s':>9} {'miss':>6}")
+    for cls, r in out["readiness"].items():
+        miss = out["classes"][cls]["miss_share"]
+        click.echo(
+            f"{cls:<20} {r['n']:>5} {r['p50_s']:>9.1f} {r['p95_s']:>9.1f} {r['p99_s']:>9.1f} "
+            f"{miss:>6.1%}"
+        )
+    click.echo(
+        f"starts {out['starts']} ({out['failed_starts']} failed), cache misses "
+        f"{out['cache_miss_share']:.1%}; origin {format_size(out['origin_bytes'])}, peers "
+        f"{format_size(out['peer_bytes'])}; warm-ups {out['warmups']}, evictions "
+        f"{out['evictions']}, interruptions {out['interruptions']}"
+    )
+    click.echo(
+        f"unmet demand {out['unmet_demand_s'] / 3600:.2f} h ({out['unmet_demand_share']:.1%} "
+        f"of the run), {out['unmet_replica_s'] / 3600:.1f} replica-hours short"
+    )

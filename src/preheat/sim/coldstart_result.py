@@ -1,0 +1,114 @@
+"""What a cold-start simulation reports (pure): readiness per event class, misses, bytes.
+
+Readiness is ``StartRecord.ready_seconds`` (scheduled -> healthy) and the per-class
+figures come from ``telemetry.stats.summarize_classes``, the code behind ``preheat
+report``, so a simulated fleet and a live one are read the same way. The share of starts
+that miss the cache counts every start whose weights were not on its node (from a peer
+or the origin, including a wait for a warm-up already running there), over all starts
+that finished (became ready or failed) in the run.
+
+The demand ledger: ``opened`` counts replicas the autoscaler (or a lost node) made
+wanted and not live; each is either ``filled`` by a start, ``withdrawn`` (demand fell
+before a replica started: unmet while it lasted) or still ``open_at_end``. ``filled``
+equals the starts made (finished plus still starting at the end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from preheat.telemetry.stats import summarize_classes
+
+if TYPE_CHECKING:
+    from preheat.sim.coldstart import ColdStartSetup
+    from preheat.sim.coldstart_world import World
+
+__all__ = ["ColdStartResult", "summarize"]
+
+
+@dataclass(frozen=True)
+class ColdStartResult:
+    summary: dict[str, Any]
+    world: World
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.summary
+
+
+def summarize(
+    setup: ColdStartSetup,
+    world: World,
+    *,
+    unmet_s: float,
+    unmet_replica_s: float,
+    interruptions: int,
+) -> ColdStartResult:
+    records = world.records
+    classes = summarize_classes(records)
+    misses = sum(c.weights_misses for c in classes)
+    starts = len(records)
+    readiness = {
+        c.event_class.value: {
+            "n": c.ready.n,
+            "p50_s": round(c.ready.p50, 3),
+            "p95_s": round(c.ready.p95, 3),
+            "p99_s": round(c.ready.p99, 3),
+            "max_s": round(c.ready.max, 3),
+        }
+        for c in classes
+        if c.ready is not None
+    }
+    per_class = {
+        c.event_class.value: {
+            "starts": c.starts,
+            "failures": c.failures,
+            "misses": c.weights_misses,
+            "miss_share": round(c.weights_misses / c.starts, 4) if c.starts else 0.0,
+        }
+        for c in classes
+    }
+    ledger = {"opened": 0, "filled": 0, "withdrawn": 0, "open_at_end": 0}
+    unschedulable = 0
+    for ms in world.models.values():
+        ledger["opened"] += ms.opened
+        ledger["filled"] += ms.filled
+        ledger["withdrawn"] += ms.withdrawn
+        ledger["open_at_end"] += ms.gap
+        unschedulable += ms.unschedulable
+    moved = dict(world.net.bytes_from)
+    for t in world.net.transfers.values():  # still in flight at the end
+        kind = "origin" if t.source == "origin" else "peer"
+        moved[kind] = moved.get(kind, 0) + round(t.done)
+    in_progress = sum(1 for r in world.replicas.values() if r.phase == "starting")
+    summary: dict[str, Any] = {
+        "policy": setup.policy,
+        "pattern": setup.traffic.name,
+        "nodes": setup.nodes,
+        "slots": setup.slots,
+        "nvme_bytes": setup.nvme,
+        "models": len(setup.catalog.models),
+        "model_bytes": sum(m.size for m in setup.catalog.models),
+        "peers": setup.peers,
+        "seed": setup.seed,
+        "duration_s": setup.duration,
+        "origin_bandwidth_bytes_per_s": setup.origin_bandwidth,
+        "starts": starts,
+        "starts_in_progress": in_progress,
+        "failed_starts": sum(1 for r in records if not r.ok),
+        "cache_misses": misses,
+        "cache_miss_share": round(misses / starts, 4) if starts else 0.0,
+        "origin_bytes": moved.get("origin", 0),
+        "peer_bytes": moved.get("peer", 0),
+        "unmet_demand_s": round(unmet_s, 1),
+        "unmet_demand_share": round(unmet_s / setup.duration, 4),
+        "unmet_replica_s": round(unmet_replica_s, 1),
+        "readiness": readiness,
+        "classes": per_class,
+        "warmups": world.warmups,
+        "evictions": len(world.evictions),
+        "interruptions": interruptions,
+        "demand": ledger,
+        "unschedulable": unschedulable,
+    }
+    return ColdStartResult(summary, world)

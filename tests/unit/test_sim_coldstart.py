@@ -1,0 +1,193 @@
+"""Cold-start simulator: determinism, demand conservation, cache policies, eviction, peers, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from preheat.cli import main
+from preheat.errors import ConfigError
+from preheat.sim.coldstart import simulate
+from preheat.sim.coldstart_config import catalog_from_dict, parse_bandwidth
+from preheat.sim.coldstart_files import prepare
+from preheat.sim.coldstart_result import ColdStartResult
+
+SMALL = {
+    "zipf": 1.0,
+    "models": [
+        {"name": "big", "size": "300GB"},
+        {"name": "mid", "size": "120GB"},
+        {"name": "small", "size": "40GB"},
+        {"name": "tiny", "size": "15GB"},
+    ],
+    "autoscaling": {"target_in_flight": 16, "scale_in_below": 8, "cooldown_seconds": 120},
+}
+
+
+def run(catalog: dict[str, Any] | None = None, **kw: Any) -> ColdStartResult:
+    args: dict[str, Any] = {
+        "nodes": 12,
+        "nvme": "1TB",
+        "models": catalog_from_dict(catalog or SMALL),
+        "policy": "lru",
+        "pattern": "diurnal",
+        "origin_bandwidth": "20Gbps",
+        "duration": "48h",
+        "seed": 1,
+    }
+    args.update(kw)
+    setup, rng = prepare(**args)
+    return simulate(setup, rng)
+
+
+def test_same_seed_same_result_and_another_seed_differs() -> None:
+    """A run is a function of its seed: the same seed repeats every figure, another does not."""
+    a = run(pattern="spot", seed=7).to_dict()
+    b = run(pattern="spot", seed=7).to_dict()
+    c = run(pattern="spot", seed=8).to_dict()
+    assert a == b
+    assert a["interruptions"] > 0
+    assert {k: v for k, v in a.items() if k != "seed"} != {
+        k: v for k, v in c.items() if k != "seed"
+    }
+
+
+def test_every_demanded_replica_is_started_or_counted_unmet() -> None:
+    """Under spot churn, demand opened = filled by starts + withdrawn + still open, and the
+    fills are exactly the starts made (finished or in progress)."""
+    res = run(pattern="spot", seed=3)
+    out = res.to_dict()
+    led = out["demand"]
+    assert led["opened"] == led["filled"] + led["withdrawn"] + led["open_at_end"]
+    assert led["filled"] == out["starts"] + out["starts_in_progress"]
+    assert out["classes"]["node_loss_recovery"]["starts"] > 0
+    if led["withdrawn"] or led["open_at_end"]:
+        assert out["unmet_replica_s"] > 0
+    # Every record is a real start: one replica id each, ready after it was scheduled.
+    ids = [r.replica for r in res.world.records]
+    assert len(ids) == len(set(ids))
+    assert all(r.ready_seconds is None or r.ready_seconds > 0 for r in res.world.records)
+
+
+def test_warm_all_with_room_for_every_model_never_misses() -> None:
+    """warm-all with NVMe that holds every model: the gate waits for the warm-ups, so no
+    start downloads and scale-outs all read from the node's own disk."""
+    out = run(policy="warm-all", nvme="1TB", origin_bandwidth="200Gbps").to_dict()
+    assert out["model_bytes"] < 0.9 * out["nvme_bytes"]
+    assert out["starts"] > 20
+    assert out["cache_misses"] == 0
+    assert out["classes"]["scale_out"]["starts"] > 0
+    assert out["warmups"] == 12 * 4  # every model on every node, once
+    assert out["evictions"] == 0
+
+
+def test_without_a_cache_every_start_misses_and_lru_reuses() -> None:
+    """none downloads on every start; lru keeps what replicas pulled and hits on some."""
+    none = run(policy="none").to_dict()
+    lru = run(policy="lru").to_dict()
+    assert none["cache_miss_share"] == 1.0
+    assert lru["cache_miss_share"] < 1.0
+    assert lru["origin_bytes"] < none["origin_bytes"]
+
+
+# One node, one slot, room for two of three 100 GB models: a, then b, then c.
+EVICT = {
+    "models": [
+        {"name": "a", "size": "100GB", "popularity": 1, "max_replicas": 1, "min_replicas": 0},
+        {"name": "b", "size": "100GB", "popularity": 1, "max_replicas": 1, "min_replicas": 0},
+        {"name": "c", "size": "100GB", "popularity": 1, "max_replicas": 1, "min_replicas": 0},
+    ],
+    "autoscaling": {"target_in_flight": 8, "scale_in_below": 1, "cooldown_seconds": 60},
+}
+
+
+def _evict_trace(tmp_path: Path) -> Path:
+    lines = [
+        {"t": 0, "model": "a", "in_flight": 10},
+        {"t": 2000, "model": "a", "in_flight": 0},
+        {"t": 2000, "model": "b", "in_flight": 10},
+        {"t": 4000, "model": "b", "in_flight": 0},
+        {"t": 4000, "model": "c", "in_flight": 10},
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def _evicted(tmp_path: Path, catalog: dict[str, Any], policy: str) -> list[str]:
+    res = run(
+        catalog, nodes=1, nvme="250GB", policy=policy, pattern=None,
+        trace=_evict_trace(tmp_path), duration="2h",
+    )  # fmt: skip
+    assert res.to_dict()["starts"] == 3
+    return [e.revision for e in res.world.evictions]
+
+
+def test_lru_evicts_the_least_recently_used(tmp_path: Path) -> None:
+    """c needs room on a disk holding a (used first) and b: plan_eviction takes a."""
+    assert _evicted(tmp_path, EVICT, "lru") == ["rev-a"]
+
+
+def test_priority_keeps_the_higher_priority_and_pins(tmp_path: Path) -> None:
+    """With a at priority 10, b goes instead; a pinned a is never evicted either."""
+    prio = {**EVICT, "models": [{**EVICT["models"][0], "priority": 10}, *EVICT["models"][1:]]}
+    assert _evicted(tmp_path, prio, "priority") == ["rev-b"]
+    pinned = {**EVICT, "models": [{**EVICT["models"][0], "pin": True}, *EVICT["models"][1:]]}
+    assert _evicted(tmp_path, pinned, "priority") == ["rev-b"]
+    # Under plain lru the same priorities mean nothing: a, the oldest, goes.
+    assert _evicted(tmp_path, prio, "lru") == ["rev-a"]
+
+
+def test_peers_take_copies_off_the_origin() -> None:
+    """With peers on, later copies of a revision come from nodes that hold it."""
+    off = run(pattern="spot", seed=2).to_dict()
+    on = run(pattern="spot", seed=2, peers=True).to_dict()
+    assert on["peer_bytes"] > 0 and off["peer_bytes"] == 0
+    assert on["origin_bytes"] < off["origin_bytes"]
+
+
+def test_bad_models_file_and_units_name_the_fix() -> None:
+    """Validation errors name the bad value and what to write instead."""
+    with pytest.raises(ConfigError, match=r"model .x. has no size; add e\.g\. size: 140GB"):
+        catalog_from_dict({"models": [{"name": "x", "popularity": 1}]})
+    with pytest.raises(ConfigError, match="sets popularity while the file sets zipf"):
+        catalog_from_dict({"zipf": 1, "models": [{"name": "x", "size": "1GB", "popularity": 2}]})
+    with pytest.raises(ConfigError, match=r"appear more than once"):
+        catalog_from_dict(
+            {"zipf": 1, "models": [{"name": "x", "size": 1}, {"name": "x", "size": 1}]}
+        )
+    with pytest.raises(ConfigError, match="is not a bandwidth"):
+        parse_bandwidth("fast")
+    assert parse_bandwidth("10Gbps") == 1.25e9
+    assert parse_bandwidth("2GB/s") == 2e9
+    with pytest.raises(ConfigError, match="--peers on needs node stores"):
+        run(policy="none", peers=True)
+
+
+def test_cli_json_has_the_documented_keys(tmp_path: Path) -> None:
+    """--json prints one object with readiness per class, miss share, bytes and unmet time."""
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "zipf: 1.0\nmodels:\n  - {name: one, size: 100GB}\n  - {name: two, size: 20GB}\n"
+    )
+    args = ["sim", "coldstart", "--nodes", "6", "--nvme", "3.5TB", "--models", str(models)]
+    args += ["--pattern", "burst", "--cache-policy", "predictive", "--origin-bandwidth", "10Gbps"]
+    args += ["--peers", "on", "--seed", "4", "--duration", "6h", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    for key in (
+        "readiness", "cache_miss_share", "origin_bytes", "peer_bytes", "unmet_demand_s",
+        "unmet_replica_s", "starts", "classes", "demand", "policy", "nvme_bytes",
+    ):  # fmt: skip
+        assert key in out
+    assert out["nvme_bytes"] == 3_500_000_000_000 and out["peers"] is True
+    assert out["origin_bandwidth_bytes_per_s"] == 1.25e9
+    for row in out["readiness"].values():
+        assert row["p50_s"] <= row["p95_s"] <= row["p99_s"]
+    bad = CliRunner().invoke(main, [*args[:-1], "--origin-bandwidth", "lots"])
+    assert bad.exit_code == 2 and "is not a bandwidth" in bad.output
