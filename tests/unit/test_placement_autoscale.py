@@ -54,3 +54,28 @@ def test_no_scale_in_while_replicas_are_still_starting() -> None:
     st = AutoscaleState(low_since=0)
     n, _, _ = step(3, 0, 2, 50, st)
     assert n == 3
+
+
+def test_replicas_still_starting_count_toward_a_scale_out() -> None:
+    """3 asked for, 1 serving, 10 in flight (target 4): ceil(10/4) = 3 are already on
+    their way, so a cold start longer than the cooldown adds none; 14 in flight adds one."""
+    st = AutoscaleState()
+    n, st, why = step(3, 10, 1, 100, st)
+    assert (n, why) == (3, "")
+    n, st, why = step(3, 14, 1, 200, st)
+    assert n == 4 and "3 -> 4" in why
+
+
+def test_scale_up_from_zero_on_the_first_request() -> None:
+    """With replicas.min 0 and nothing running, one request in flight starts a replica
+    (load per serving replica is not defined with none serving)."""
+    n, _, why = autoscale(
+        current=0, lo=0, hi=5, in_flight=1, serving=0, policy=POLICY, now=0,
+        state=AutoscaleState(),
+    )  # fmt: skip
+    assert n == 1 and "0 -> 1" in why
+    n, _, why = autoscale(
+        current=0, lo=0, hi=5, in_flight=0, serving=0, policy=POLICY, now=0,
+        state=AutoscaleState(),
+    )  # fmt: skip
+    assert (n, why) == (0, "")

@@ -6,7 +6,11 @@ Rule (``autoscaling: {targetInFlight: T, scaleInBelow: B, cooldownSeconds: C}``)
   window, as the router counts them (sent and not yet finished), divided by the
   replicas that serve (ready and in the router).
 - Scale out when load > T: to ``ceil(in_flight / T)`` replicas at once (so a burst is
-  met in one step), capped at ``replicas.max``.
+  met in one step), capped at ``replicas.max``. Replicas already asked for but still
+  starting count: when ``current`` already covers ``ceil(in_flight / T)`` nothing is added
+  (otherwise every cooldown during a slow cold start would add one more).
+- From zero replicas (``replicas.min: 0``), any request in flight asks for
+  ``max(1, ceil(in_flight / T))``.
 - Scale in when load < B has held for C seconds: one replica at a time, never below
   ``replicas.min``. One replica at a time because a scale-in that overshoots costs a cold
   start later, while an extra replica only costs idle capacity.
@@ -49,8 +53,16 @@ def autoscale(
     state = AutoscaleState(state.last_change, low_since)
     if now - state.last_change < policy.cooldown_seconds:
         return current, state, ""
-    if load > policy.target_in_flight and current < hi:
-        want = min(hi, max(current + 1, math.ceil(in_flight / policy.target_in_flight)))
+    need = math.ceil(in_flight / policy.target_in_flight)
+    if current == 0 and in_flight > 0 and hi > 0:
+        want = min(hi, max(1, need))
+        return (
+            want,
+            AutoscaleState(now, None),
+            f"{in_flight:.1f} in flight and no replica: 0 -> {want} replicas",
+        )
+    if load > policy.target_in_flight and current < hi and need > current:
+        want = min(hi, need)
         return (
             want,
             AutoscaleState(now, None),
