@@ -107,6 +107,12 @@ def _state_metric(router: RouterProcess, instance: str, state: str) -> float:
     return float(m.group(1))
 
 
+def _decisions(router: RouterProcess) -> dict[str, float]:
+    text = _get(router.url + "/metrics")
+    pat = r'^preheat_router_decisions_total\{[^}]*outcome="(\w+)"[^}]*\} (\S+)$'
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pat, text, re.M)}
+
+
 @contextlib.contextmanager
 def _fleet(
     tmp_path: Path,
@@ -222,6 +228,22 @@ def test_precise_index_matches_the_engines_and_replicas_agree_then_a_dead_publis
             doc0 = block_hashes(prompt_tokens(_chat(0, 9)) or [], 16)[:10]
             holders = [u for u in endpoints if set(doc0) <= ref.blocks[u]]
             assert holders, "no engine announced document 0's blocks"
+            # The holder empties its cache (AllBlocksCleared): the learned index still
+            # names it, the precise one knows nobody holds document 0, so the next
+            # question on it is placed as a cold prefix (outcome fallback, not affinity).
+            req = urllib.request.Request(holders[0] + "/reset_prefix_cache", data=b"")
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.status == 200
+            _wait(lambda: _status(ra)[holders[0]]["blocks"] == 0, 10, "the reset to arrive")
+            before = _decisions(ra)
+            out = _post(ra.url + "/v1/chat/completions", _chat(0, 9))
+            after = _decisions(ra)
+            other = next(u for u in endpoints if u != holders[0])
+            want = "affinity" if set(doc0) <= ref.blocks[other] else "fallback"
+            assert after.get(want, 0) == before.get(want, 0) + 1, (want, before, after)
+            assert sum(after.values()) == sum(before.values()) + 1
+            if want == "affinity":
+                assert out["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
             engines[1].stop()
             dead = engines[1].url
@@ -265,3 +287,54 @@ def test_a_bad_kv_events_endpoint_is_refused_with_the_fix(bad: str) -> None:
         parse_config(
             {"variants": [{"name": "v", "instances": [{"url": "http://h:1", "kv_events": bad}]}]}
         )
+
+
+def test_a_silent_publisher_falls_back_and_all_blocks_cleared_resyncs(tmp_path: Path) -> None:
+    """A publisher (the test's PUB socket) that sends its first batch and then nothing:
+    after a request whose blocks the engine would store, the router waits
+    kv_events_silence_s (1 s) and falls back; AllBlocksCleared brings it back to synced."""
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(ep)
+    engine = start_simulated_engine(log_dir=tmp_path, model_name="m")
+    router = None
+    try:
+        cfg = {
+            "kv_events_silence_s": 1.0,
+            "variants": [
+                {
+                    "name": "default",
+                    "strategy": "prefix_aware",
+                    "instances": [{"url": engine.url, "kv_events": ep}],
+                }
+            ],
+        }
+        path = tmp_path / "router.json"
+        path.write_text(json.dumps(cfg))
+        router = launch_router(config=path, admin_token=TOKEN, log_path=tmp_path / "r.log")
+
+        def send(seq: int, events: list[Any]) -> None:
+            pub.send_multipart(
+                [b"kv@p@m", seq.to_bytes(8, "big"), msgpack.packb([time.time(), events])]
+            )
+
+        def state() -> str:
+            return str(_status(router)[engine.url]["state"])
+
+        # Resend seq 0 until the subscription has landed (a PUB drops until then).
+        _wait(lambda: send(0, []) or state() == "synced", 10, "the first batch")
+        assert _state_metric(router, engine.url, "synced") == 1.0
+        _post(router.url + "/v1/completions", {"prompt": " word" * 200, "max_tokens": 1})
+        _wait(lambda: state() == "fallback", 10, "the silence fallback")
+        assert "no KV event" in _status(router)[engine.url]["reason"]
+        assert _state_metric(router, engine.url, "fallback") == 1.0
+        send(1, [["AllBlocksCleared"]])
+        _wait(lambda: state() == "synced", 10, "AllBlocksCleared to resync")
+    finally:
+        if router is not None:
+            router.stop()
+        engine.stop()
+        pub.close(0)
+        ctx.term()
