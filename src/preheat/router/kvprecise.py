@@ -16,6 +16,12 @@ instance and answers, for a prompt, how many of its leading blocks each instance
   learned index for it until a fresh ``AllBlocksCleared`` (e.g. ``POST
   /reset_prefix_cache``) or a restarted publisher (sequence 0) resyncs it. ``waiting``:
   nothing received yet.
+* **In flight.** Blocks of a prompt sent to an instance but not yet announced (the
+  engine stores a block only when its prefill is done) count as held there, so a burst
+  of requests on one new prefix is not spread over the fleet before the first
+  ``BlockStored`` arrives. They leave that set when announced, and the oldest go past
+  ``MAX_PENDING`` (4,096 per instance: blocks of a request that failed). They are this
+  router's own and not part of ``digest``.
 * **Silence.** ``sent`` marks an instance as owing events when a prompt it was sent has
   full blocks the set lacks (the engine will store them); any batch clears that. The
   adapter times how long the mark stays (this module reads no clock).
@@ -37,6 +43,7 @@ from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
 __all__ = ["STATES", "InstanceBlocks", "Lookup", "PreciseIndex", "prompt_tokens"]
 
 STATES = ("waiting", "synced", "fallback")
+MAX_PENDING = 4096
 _TOKENIZER = Tokenizer()
 
 
@@ -66,6 +73,8 @@ class InstanceBlocks:
     state: str = "waiting"
     reason: str = "no event received yet"
     last_seq: int = -1
+    # Sent, not yet announced (insertion order: the oldest first).
+    pending: dict[int, None] = field(default_factory=dict)
     owes_events: bool = False
     batches: int = 0
     gaps: int = 0
@@ -134,6 +143,9 @@ class PreciseIndex:
                 continue
             elif kind == "BlockStored" and len(ev) > 1:
                 ib.blocks.update(ev[1])
+                if ib.pending:
+                    for h in ev[1]:
+                        ib.pending.pop(h, None)
             elif kind == "BlockRemoved" and len(ev) > 1:
                 ib.blocks.difference_update(ev[1])
 
@@ -158,9 +170,10 @@ class PreciseIndex:
         held: dict[str, int] = {}
         for x in synced:
             blocks = inst[x].blocks
+            pending = inst[x].pending
             n = 0
             for h in hashes:
-                if h not in blocks:
+                if h not in blocks and h not in pending:
                     break
                 n += 1
             held[x] = n
@@ -176,6 +189,12 @@ class PreciseIndex:
             and lookup.held.get(instance_id, 0) < len(lookup.hashes)
         ):
             ib.owes_events = True
+            pending = ib.pending
+            for h in lookup.hashes[lookup.held.get(instance_id, 0) :]:
+                if h not in ib.blocks:
+                    pending[h] = None
+            while len(pending) > MAX_PENDING:
+                del pending[next(iter(pending))]
 
     def digest(self, instance_id: str) -> int:
         """An order-free fingerprint of an instance's block set (equal sets, equal digests)."""
@@ -206,10 +225,12 @@ class PreciseIndex:
     def _sync(ib: InstanceBlocks, reason: str) -> None:
         ib.state = "synced"
         ib.reason = reason
+        ib.pending.clear()
 
     @staticmethod
     def _fall_back(ib: InstanceBlocks, reason: str) -> None:
         ib.state = "fallback"
         ib.reason = reason
         ib.blocks.clear()
+        ib.pending.clear()
         ib.owes_events = False
