@@ -6,7 +6,8 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
    instance, the deepest block of this prompt it still holds. Each engine's LRU is
    modelled in tokens against the KV capacity the engine reports
    (``vllm:cache_config_info``; llama.cpp ``/props``), so a prefix the engine has
-   certainly evicted is not counted as held.
+   certainly evicted is not counted as held. For an instance whose KV events are
+   synced (router/kvprecise.py), the blocks it announced replace that guess.
 2. **Predicted TTFT** of an instance j, in prompt characters of prefill (the engines of
    a variant share one timing profile, so prefill work orders them as seconds would):
    ``ttft_j = uncached_j + load_weight * QUEUED_SHARE * queued_j + SHARE_WEIGHT *

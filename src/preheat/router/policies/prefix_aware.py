@@ -12,7 +12,9 @@ Algorithm (one decision; no I/O, no clock; deterministic given the request strea
 2. **Placement** ``learned`` (the default): the least predicted TTFT over the
    capacity-modelled learned index, under the in-flight and share bounds, spilling
    along the matched prefix's own rendezvous order; the algorithm and its thresholds
-   are in router/policies/predicted.py. ``hash`` and ``hybrid`` are below.
+   are in router/policies/predicted.py. With KV events (``precise``, set by the router;
+   router/kvprecise.py) the blocks each synced instance announced replace the learned
+   guess for it. ``hash`` and ``hybrid`` are below.
 
 Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 
