@@ -665,7 +665,7 @@ def test_recorder_ran_as_the_operator_and_is_refused_outside_its_role(
     assert started.recorder.api_errors == 0
     _refused(
         env, env.operator_kubeconfig, "preheat-operator",
-        ("delete", "pod", "chat-cold", "-n", "default"),
+        ("delete", "nodecache", "node-a"),  # the agents' object: the operator only reads it
         ("delete", "node", "node-b"),
         ("get", "secrets", "-n", "default"),
     )  # fmt: skip

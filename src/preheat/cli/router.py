@@ -151,6 +151,16 @@ def router() -> None:
     help="--kubernetes: kubeconfig file (default: KUBECONFIG, ~/.kube/config, else the "
     "in-cluster ServiceAccount).",
 )
+@click.option(
+    "--kv-events",
+    "kv_events",
+    multiple=True,
+    metavar="URL=tcp://HOST:PORT",
+    help="An instance's KV-event publisher (vLLM --kv-events-config, preheat engine serve "
+    "--kv-events): the router subscribes and routes prefix_aware on the blocks the engine "
+    "announces, falling back to its learned index on a gap or silence. Repeat per "
+    "instance; also `kv_events:` per instance in --config.",
+)
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def serve(
     port: int,
@@ -174,6 +184,7 @@ def serve(
     endpoint: str | None,
     namespace: str | None,
     kubeconfig: Path | None,
+    kv_events: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Run the router on --port in front of --backend URLs (or a --config file).
@@ -190,7 +201,7 @@ def serve(
     In a cluster (the rendered router Deployment runs this):
       preheat router serve --kubernetes --endpoint chat --port 8080
     """
-    from preheat.router.config import load_config, parse_config
+    from preheat.router.config import load_config, parse_config, with_kv_events
     from preheat.router.server import Router, run
     from preheat.telemetry.routing import DecisionLog
 
@@ -230,7 +241,7 @@ def serve(
             raw["upstream_timeout_s"] = upstream_timeout
         if health_interval is not None:
             raw["health"]["interval_s"] = health_interval
-        cfg = parse_config(raw)
+        cfg = with_kv_events(parse_config(raw), _kv_events(kv_events))
         if discovery is not None:
             cfg = discovery.initial_config(cfg)
         admin_token = _admin_token(admin_token, admin_token_file)
@@ -271,6 +282,23 @@ def _discovery(
         )
     api, context_namespace = connect(kubeconfig)
     return Discovery(api, namespace or context_namespace or "default", endpoint)
+
+
+def _kv_events(given: tuple[str, ...]) -> dict[str, str]:
+    """``--kv-events URL=tcp://...`` options as {instance URL: endpoint}, checked."""
+    from preheat.router.config import check_kv_events, check_url
+
+    out: dict[str, str] = {}
+    for item in given:
+        url, sep, endpoint = item.partition("=")
+        if not sep:
+            raise ConfigError(
+                f"--kv-events {item!r} needs INSTANCE_URL=tcp://HOST:PORT, e.g. "
+                "http://127.0.0.1:8001=tcp://127.0.0.1:5557"
+            )
+        url = check_url(url, where="--kv-events")
+        out[url] = check_kv_events(endpoint, where=f"--kv-events {url}")
+    return out
 
 
 def _admin_token(given: str | None, path: Path | None) -> str | None:

@@ -16,12 +16,15 @@ File format (YAML or JSON; see docs/routing.md)::
         load_weight: 0.05           # queued prefill vs this prompt's uncached prefill
         placement: learned          # learned | hash (stateless) | hybrid (agree; see docs)
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
+    # or, with the instance's KV-event publisher (router/kvevents_sub.py):
+    #   - {url: http://127.0.0.1:8001, kv_events: tcp://127.0.0.1:5557}
+    kv_events_silence_s: 5.0        # owed KV events missing this long -> learned fallback
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504
     connect_timeout_s: 5
     max_body_bytes: 8388608         # larger request bodies -> 413
     health: {interval_s: 2.0, timeout_s: 1.0, failures: 2, path: /health}
 
-Instances may be given as URL strings or as ``{url: ...}`` objects (what
+Instances may be given as URL strings or as ``{url: ..., kv_events: ...}`` objects (what
 ``GET /admin/config`` returns, so a config read from the API can be PUT back).
 """
 
@@ -52,6 +55,7 @@ _TOP_BOUNDS = {
     "upstream_timeout_s": (0.05, 86400, False),
     "connect_timeout_s": (0.05, 600, False),
     "max_body_bytes": (1024, 1 << 30, True),
+    "kv_events_silence_s": (0.1, 3600, False),
 }
 _HEALTH_BOUNDS = {
     "interval_s": (0.05, 3600, False),
@@ -93,15 +97,18 @@ class VariantConfig:
     weight: float = 1.0
     params: PolicyParams = field(default_factory=PolicyParams)
     instances: tuple[str, ...] = ()
+    # (instance URL, its KV-event endpoint tcp://host:port) for instances that publish.
+    kv_events: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         p = self.params
+        ev = dict(self.kv_events)
         return {
             "name": self.name,
             "weight": self.weight,
             "strategy": self.strategy,
             **{k: getattr(p, k) for k in PARAM_KEYS},
-            "instances": list(self.instances),
+            "instances": [{"url": u, "kv_events": ev[u]} if u in ev else u for u in self.instances],
         }
 
 
@@ -113,6 +120,7 @@ class RouterConfig:
     upstream_timeout_s: float = 300.0
     connect_timeout_s: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
+    kv_events_silence_s: float = 5.0
     health: HealthConfig = field(default_factory=HealthConfig)
 
     def variant(self, name: str) -> VariantConfig:
@@ -135,6 +143,7 @@ class RouterConfig:
             "upstream_timeout_s": self.upstream_timeout_s,
             "connect_timeout_s": self.connect_timeout_s,
             "max_body_bytes": self.max_body_bytes,
+            "kv_events_silence_s": self.kv_events_silence_s,
             "health": {
                 "interval_s": h.interval_s,
                 "timeout_s": h.timeout_s,
@@ -229,14 +238,54 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
     if not isinstance(raw, list):
         raise ConfigError(f"{where}: instances must be a list of URLs")
     urls = []
+    events: list[tuple[str, str]] = []
     for item in raw:
-        url = item.get("url") if isinstance(item, Mapping) else item
-        urls.append(check_url(url, where=where))
+        url = check_url(item.get("url") if isinstance(item, Mapping) else item, where=where)
+        urls.append(url)
+        ev = item.get("kv_events") if isinstance(item, Mapping) else None
+        if ev is not None:
+            events.append((url, check_kv_events(ev, where=f"{where}: instance {url}")))
     if len(set(urls)) != len(urls):
         raise ConfigError(f"{where}: an instance is listed twice")
     return VariantConfig(
-        name=name, strategy=strategy, weight=weight, params=params, instances=tuple(urls)
+        name=name,
+        strategy=strategy,
+        weight=weight,
+        params=params,
+        instances=tuple(urls),
+        kv_events=tuple(events),
     )
+
+
+def check_kv_events(endpoint: Any, *, where: str) -> str:
+    """A KV-event publisher endpoint: ``tcp://host:port`` (ZMQ), as vLLM binds it."""
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    try:
+        ok = parts is not None and parts.scheme == "tcp" and bool(parts.hostname) and parts.port
+    except ValueError:
+        ok = False
+    if not ok or parts is None or parts.path not in ("", "/"):
+        raise ConfigError(
+            f"{where}: kv_events {endpoint!r} is not a ZMQ endpoint like tcp://127.0.0.1:5557"
+        )
+    return str(endpoint).rstrip("/")
+
+
+def with_kv_events(config: RouterConfig, endpoints: Mapping[str, str]) -> RouterConfig:
+    """``config`` with KV-event endpoints added to the named instances (``--kv-events``);
+    an instance URL in no variant is an error that lists the known ones."""
+    known = {u: v.name for v in config.variants for u in v.instances}
+    for url in endpoints:
+        if url not in known:
+            raise ConfigError(
+                f"--kv-events names instance {url}, which no variant has; "
+                f"known: {', '.join(sorted(known)) or 'none'}"
+            )
+    out = []
+    for v in config.variants:
+        ev = dict(v.kv_events) | {u: e for u, e in endpoints.items() if known[u] == v.name}
+        out.append(replace(v, kv_events=tuple((u, ev[u]) for u in v.instances if u in ev)))
+    return replace(config, variants=tuple(out))
 
 
 def parse_config(data: Any) -> RouterConfig:

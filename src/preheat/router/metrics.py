@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+KV_EVENT_STATES = ("waiting", "synced", "fallback")
 # Decision time in seconds: 5 us to 10 ms.
 DECISION_BUCKETS = (5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 1e-2)
 
@@ -67,6 +68,37 @@ class _HotCollector(Collector):
             for v, i, n in m.in_flight_source():
                 inf.add_metric([v, i], n)
         yield inf
+        if m.kv_events_source is not None:
+            yield from _kv_event_families(m.kv_events_source())
+
+
+def _kv_event_families(status: dict[str, dict[str, Any]]) -> Iterator[Any]:
+    """The precise KV index per instance (router/kvprecise.py), at scrape time."""
+    st = GaugeMetricFamily(
+        "preheat_router_kv_events_state",
+        "1 for the KV-event state of the instance: synced (the router routes on its "
+        "events), fallback (gap, disconnect or silence: the learned index decides until "
+        "AllBlocksCleared or a restarted publisher) or waiting (nothing received yet)",
+        labels=["instance", "state"],
+    )
+    blocks = GaugeMetricFamily(
+        "preheat_router_kv_events_blocks",
+        "Blocks the instance announced as held (BlockStored minus BlockRemoved)",
+        labels=["instance"],
+    )
+    gaps = CounterMetricFamily(
+        "preheat_router_kv_events_gaps",
+        "Sequence gaps seen in the instance's KV-event stream",
+        labels=["instance"],
+    )
+    for inst, s in status.items():
+        for name in KV_EVENT_STATES:
+            st.add_metric([inst, name], 1.0 if s["state"] == name else 0.0)
+        blocks.add_metric([inst], s["blocks"])
+        gaps.add_metric([inst], s["gaps"])
+    yield st
+    yield blocks
+    yield gaps
 
 
 class RouterMetrics:
@@ -80,6 +112,8 @@ class RouterMetrics:
     ) -> None:
         r = self.registry = CollectorRegistry()
         self.in_flight_source = in_flight_source
+        # Per instance with KV events: its precise index status (set by the router).
+        self.kv_events_source: Callable[[], dict[str, dict[str, Any]]] | None = None
         self.requests: dict[tuple[str, str], int] = {}
         self.decisions: dict[tuple[str, str, str], int] = {}
         # Per variant: counts per bucket (the last is +Inf) and the sum in microseconds.

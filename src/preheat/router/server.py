@@ -22,12 +22,16 @@ import gc
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from preheat.router.config import RouterConfig
 from preheat.router.health import HealthChecker
+from preheat.router.kvevents_sub import KVEventSubscriber
+from preheat.router.kvprecise import PreciseIndex
+from preheat.router.policies.prefix_aware import PrefixAwarePolicy
 from preheat.router.proxy import HINT_HEADER, Proxy, openai_error
 from preheat.router.state import STATES, VARIANT_HEADER, RoutingState, Upstream, VariantRuntime
 from preheat.router.upstream import UpstreamPool
@@ -61,7 +65,12 @@ class Router(RoutingState):
         decision_log: DecisionLog | None = None,
         rng: random.Random | None = None,
     ) -> None:
+        # The precise KV index of instances that publish KV events, and its subscriber
+        # (set before the base class applies the config, which configures them).
+        self.kv_index = PreciseIndex()
+        self.kv_events = KVEventSubscriber(self.kv_index)
         super().__init__(config, salt=salt, rng=rng)
+        self.metrics.kv_events_source = self.kv_index.status
         self.admin_token = admin_token
         self.decision_log = decision_log
         self.handlers = Proxy(self, decision_log)
@@ -94,8 +103,10 @@ class Router(RoutingState):
         self.handlers.set_timeouts()
         checker = HealthChecker(self, self._session)
         self._health_task = asyncio.create_task(checker.run(), name="router-health")
+        await self.kv_events.start()
 
     async def stop(self, app: web.Application) -> None:
+        await self.kv_events.stop()
         task = self._health_task
         if task is not None:
             task.cancel()
@@ -107,6 +118,30 @@ class Router(RoutingState):
             await self._session.close()
         if self.decision_log is not None:
             self.decision_log.close()
+
+    def _apply(self, config: RouterConfig) -> None:
+        """The base class's config switch, then the KV-event subscriptions follow it and
+        every ``prefix_aware`` policy of a variant with a publishing instance consults
+        the precise index."""
+        super()._apply(config)
+        endpoints = {u: e for v in config.variants for u, e in v.kv_events}
+        self.kv_events.configure(endpoints, config.kv_events_silence_s)
+        for rt in self.variants.values():
+            if isinstance(rt.policy, PrefixAwarePolicy):
+                rt.policy.precise = self.kv_index if rt.config.kv_events else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The admin config document; instances with KV events also show their endpoint
+        and the precise index's status of them (state, reason, blocks, gaps)."""
+        out = super().snapshot()
+        status = self.kv_index.status()
+        for v in out["variants"]:
+            ev = dict(self.variants[v["name"]].config.kv_events)
+            for inst in v["instances"]:
+                if inst["url"] in ev:
+                    inst["kv_events"] = ev[inst["url"]]
+                    inst["kv_events_status"] = status.get(inst["url"])
+        return out
 
     def replace_config(self, config: RouterConfig) -> None:
         """Apply a validated config live (timeouts included); restart-only fields refused."""

@@ -6,7 +6,8 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
    instance, the deepest block of this prompt it still holds. Each engine's LRU is
    modelled in tokens against the KV capacity the engine reports
    (``vllm:cache_config_info``; llama.cpp ``/props``), so a prefix the engine has
-   certainly evicted is not counted as held.
+   certainly evicted is not counted as held. For an instance whose KV events are
+   synced (router/kvprecise.py), the blocks it announced replace that guess.
 2. **Predicted TTFT** of an instance j, in prompt characters of prefill (the engines of
    a variant share one timing profile, so prefill work orders them as seconds would):
    ``ttft_j = uncached_j + load_weight * QUEUED_SHARE * queued_j + SHARE_WEIGHT *
@@ -53,7 +54,8 @@ see requests in different orders drift apart (docs/benchmarks.md, Router 4); use
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Collection, Mapping, Sequence
 from math import ceil
 from typing import Any
 
@@ -104,8 +106,14 @@ class PredictedPlacement:
         epsilon: float,
         load_weight: float,
         threshold: int,
+        precise: tuple[Mapping[str, int], Collection[str]] | None = None,
     ) -> tuple[int, str, int, int, int]:
-        """(position of the pick, outcome, rank, blocks held there, uncached chars)."""
+        """(position of the pick, outcome, rank, blocks held there, uncached chars).
+
+        ``precise``: prompt characters held by each instance whose KV events are synced
+        (router/kvprecise.py), and those instances; for them it replaces the learned
+        index's guess.
+        """
         n = len(ids)
         limit = min(ceil((1.0 + epsilon) * (sum(loads) + 1) / n) + INFLIGHT_SLACK, threshold)
         mean = sum(recent) / n
@@ -120,23 +128,33 @@ class PredictedPlacement:
         queued = self.queued
         key = pk.key
         cands: dict[int, int] = {}
-        if depths:
+        # Prompt characters held per candidate (the learned depth's cut, or the events').
+        hc: dict[int, int] = {}
+        if depths or precise:
             pos = {x: j for j, x in enumerate(ids)}
+            synced = precise[1] if precise else ()
             for x, d in depths.items():
                 j = pos.get(x)
-                if j is not None:
+                if j is not None and x not in synced:
                     cands[j] = d
+                    hc[j] = cuts[d - 1]
+            if precise:
+                for x, c in precise[0].items():
+                    j = pos.get(x)
+                    if j is not None and c > 0:
+                        cands[j] = min(max(bisect_right(cuts, c), 1), len(pk.chain))
+                        hc[j] = c
         best = -1
         best_cost = 0.0
         best_sc = -1
         best_r = 0.0
-        for j, d in cands.items():
+        for j in cands:
             if loads[j] >= limit or recent[j] >= share_cap:
                 continue
             # Nothing in flight means nothing queued (also if an on_done was lost).
             q = queued.get(ids[j], 0) if loads[j] else 0
             cost = (
-                max(prompt - cuts[d - 1], 0)
+                max(prompt - hc[j], 0)
                 + load_weight * QUEUED_SHARE * q
                 + SHARE_WEIGHT * prompt * (recent[j] - mean) * norm
             )
@@ -195,7 +213,7 @@ class PredictedPlacement:
         rank = 0
         if cands and outcome != "affinity":
             rank = len(cands)
-        return best, outcome, rank, d, max(prompt - (cuts[d - 1] if d else 0), 0)
+        return best, outcome, rank, d, max(prompt - hc.get(best, 0), 0)
 
     def on_sent(
         self, pk: PrefixKey, instance_id: str, uncached: int, body: Mapping[str, Any] | None

@@ -12,7 +12,9 @@ Algorithm (one decision; no I/O, no clock; deterministic given the request strea
 2. **Placement** ``learned`` (the default): the least predicted TTFT over the
    capacity-modelled learned index, under the in-flight and share bounds, spilling
    along the matched prefix's own rendezvous order; the algorithm and its thresholds
-   are in router/policies/predicted.py. ``hash`` and ``hybrid`` are below.
+   are in router/policies/predicted.py. With KV events (``precise``, set by the router;
+   router/kvprecise.py) the blocks each synced instance announced replace the learned
+   guess for it. ``hash`` and ``hybrid`` are below.
 
 Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 
@@ -81,7 +83,7 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Mapping, Sequence
 from math import ceil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from preheat.errors import NoHealthyInstance
 from preheat.router.kvindex import CapacityIndex
@@ -132,6 +134,14 @@ def _scores(key: int, seeds: list[int]) -> list[int]:
     return [((key ^ s) * _MUL) & MASK64 for s in seeds]
 
 
+class PreciseSource(Protocol):
+    """What the policy asks of the precise KV index (router/kvprecise.py)."""
+
+    def lookup(self, body: Mapping[str, Any] | None, ids: Sequence[str]) -> Any: ...
+
+    def sent(self, instance_id: str, lookup: Any) -> None: ...
+
+
 #: The learned index is the capacity-modelled one (router/kvindex.py) for every placement.
 LearnedIndex = CapacityIndex
 
@@ -160,6 +170,11 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._g = 1.0
         # hybrid: decayed request counts per home key (insertion-ordered dict as an LRU).
         self._homes: dict[int, float] = {}
+        # The precise index of instances with KV events (router/kvprecise.py; set by the
+        # router, None without events): ``learned`` uses it instead of the learned guess
+        # for each instance it is synced with.
+        self.precise: PreciseSource | None = None
+        self._body: Mapping[str, Any] | None = None
 
     def key(self, request: RouteRequest) -> PrefixKey:
         """The request's prefix key (hint, text or body; see ``RouteRequest``)."""
@@ -233,6 +248,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             raise NoHealthyInstance("no instance can take the request")
         p = self.params
         pk, fstart, fend = self._key(request)
+        self._body = request.body
         self._sync(instances)
         seeds = self._seed_list
         loads = [i.in_flight for i in instances]
@@ -277,6 +293,9 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         """``placement: learned``: the least predicted TTFT under the in-flight and share
         bounds, spilling along the matched prefix's order (router/policies/predicted.py)."""
         p = self.params
+        lk = None
+        if self.precise is not None and not pk.hinted:
+            lk = self.precise.lookup(self._body, self._ids)
         pick, outcome, rank, held, unc = self._predicted.choose(
             pk,
             self._ids,
@@ -288,6 +307,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             epsilon=p.balance_epsilon,
             load_weight=p.load_weight,
             threshold=p.concurrency_threshold,
+            precise=(lk.held_chars(pk.prompt_chars), lk.synced) if lk is not None else None,
         )
         if outcome == "affinity" and pk.hinted:
             outcome = "hint"
@@ -299,7 +319,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             len(pk.chain),
             (pk.cuts[held - 1] if held else 0) // CHARS_PER_TOKEN,
             pk.prompt_chars,
-            (pk, unc),
+            (pk, unc, lk),
         )
 
     def _choose_hybrid(
@@ -395,8 +415,10 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         if placement == "hash":
             return
         pk = choice.state
-        if placement == "learned" and isinstance(pk, tuple) and len(pk) == 2:
+        if placement == "learned" and isinstance(pk, tuple) and len(pk) == 3:
             self._predicted.on_sent(pk[0], choice.instance.id, pk[1], request.body)
+            if pk[2] is not None and self.precise is not None:
+                self.precise.sent(choice.instance.id, pk[2])
         elif isinstance(pk, PrefixKey):
             sizes, tail = block_tokens(pk, request.body)
             self.index.record(pk.chain, choice.instance.id, sizes, tail)
@@ -432,7 +454,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self, request: RouteRequest, choice: Choice[InstT], *, ok: bool, cached_tokens: int | None
     ) -> None:
         st = choice.state
-        if isinstance(st, tuple) and len(st) == 2 and isinstance(st[0], PrefixKey):
+        if isinstance(st, tuple) and len(st) == 3 and isinstance(st[0], PrefixKey):
             self._predicted.on_done(choice.instance.id, st[1])
 
     def set_capacity(self, instance_id: str, tokens: int | None) -> None:
