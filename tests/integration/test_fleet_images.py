@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from preheat.errors import SnapshotNotFound
+from preheat.errors import ConfigError, SnapshotNotFound
 from preheat.images.cache import ImageCache
 from preheat.runtime.local import LocalFleet
 from preheat.store.store import NodeStore
@@ -98,3 +98,21 @@ async def test_registry_down_does_not_block_readiness(tmp_path: Path, free_port:
         said = "\n".join(fleet.messages)
         assert f"starts without image {image}" in said, said
         assert f"image pull of {image} on a failed" in said, said
+
+
+@pytest.mark.parametrize(
+    ("image", "says", "fix"),
+    [
+        (None, "no variant has an image", "REGISTRY/REPO:TAG"),
+        ("Team/App:v1!", "image 'Team/App:v1!'", "tag 'v1!' is invalid"),
+    ],
+)
+def test_image_cache_needs_a_valid_image(image: str | None, says: str, fix: str) -> None:
+    """``modelCacheConfig.image.enabled`` without an image, or with a bad reference, is a
+    ConfigError that names it and the fix."""
+    extra = {"image": image} if image else {}
+    with pytest.raises(ConfigError, match=says) as err:
+        endpoint_spec(
+            "chat", "file:///srv/m", modelCacheConfig={"image": {"enabled": True}}, **extra
+        )
+    assert fix in str(err.value)
