@@ -116,3 +116,32 @@ def test_image_cache_needs_a_valid_image(image: str | None, says: str, fix: str)
             "chat", "file:///srv/m", modelCacheConfig={"image": {"enabled": True}}, **extra
         )
     assert fix in str(err.value)
+
+
+async def test_apply_another_image_drops_the_old_reference(tmp_path: Path) -> None:
+    """After ``apply`` with a new image and the rollout, the node holds the new image and
+    the old one (no longer used by a variant or replica) is unreferenced and removed."""
+    model = make_model(tmp_path / "origin" / "m1", size=MB, shards=1, seed=5)
+    old = write_layout(tmp_path / "old", [128 * KiB], seed=1)
+    new = write_layout(tmp_path / "new", [128 * KiB], seed=2)
+    with registry(tmp_path / "reg") as reg:
+        reg.push(old.path, "team/app:v1")
+        reg.push(new.path, "team/app:v2")
+        v1, v2 = reg.ref("team/app:v1"), reg.ref("team/app:v2")
+        cluster = cluster_spec(tmp_path, ["a"], slots=2)
+        weights = {"enabled": True}
+        async with LocalFleet(
+            _spec(model.ref, v1, replicas=1, weights=weights), cluster, tmp_path / "state"
+        ) as fleet:
+            images = fleet.warmer.images
+            await _until(fleet, lambda: fleet.ready_count() == 1 and images.holds("a", v1), "v1")
+            await fleet.apply(_spec(model.ref, v2, replicas=1, weights=weights))
+            await _until(
+                fleet,
+                lambda: images.holds("a", v2) and ("a", v1) not in images.entries,
+                "v2 held and v1 dropped",
+            )
+            cache = ImageCache(fleet.nodes["a"].cache.store)
+            assert cache.find(v2).references == ("chat",)
+            with pytest.raises(SnapshotNotFound):
+                cache.find(v1)
