@@ -38,6 +38,7 @@ from preheat.control.spec_types import (
     WeightsCacheSpec,
 )
 from preheat.errors import ConfigError
+from preheat.images.reference import parse_image_ref
 from preheat.router.policies import POLICIES
 from preheat.router.policies.base import CONCURRENCY_THRESHOLD_RANGE
 from preheat.router.prefix import MAX_PREFIX_LENGTH, MIN_PREFIX_LENGTH
@@ -247,6 +248,22 @@ def _bad(where: str, text: str) -> ConfigError:
     return ConfigError(f"{where}: {text}")
 
 
+def _check_images(where: str, variants: list[VariantSpec]) -> None:
+    """``modelCacheConfig.image.enabled`` needs an image, each one a valid reference."""
+    images = [v.image for v in variants if v.image]
+    if not images:
+        raise _bad(
+            where,
+            "modelCacheConfig.image.enabled is true but no variant has an image; set "
+            "`image: REGISTRY/REPO:TAG` (at the top or per variant) or turn it off",
+        )
+    for text in images:
+        try:
+            parse_image_ref(text)
+        except ConfigError as exc:
+            raise _bad(where, f"image {text!r} (modelCacheConfig.image): {exc}") from None
+
+
 def _check_name(where: str, what: str, name: str) -> None:
     if not _NAME.match(name):
         raise _bad(
@@ -389,6 +406,8 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
                 timeout_seconds=w.timeout_seconds,
             )
         image = ImageCacheSpec(enabled=mc.image.enabled) if mc.image else ImageCacheSpec()
+        if image.enabled:
+            _check_images(where, variants)
         cache = ModelCacheConfig(weights=weights, image=image)
 
     autoscaling = None

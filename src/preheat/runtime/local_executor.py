@@ -2,7 +2,8 @@
 
 ``observe`` resolves the sources (retrying an unreachable origin with backoff, the
 reason in status), marks nodes whose store already holds a wanted revision ready,
-samples the router's in-flight counts for the autoscaler, and builds ``Desired`` and
+starts the image pre-pulls that are due (``Warmer.images``, beside the planner: they
+gate nothing), samples the router's in-flight counts for the autoscaler, and builds ``Desired`` and
 ``Observed`` from the fleet's bookkeeping (``model.FleetState``). The action methods
 carry out the planner's decisions through ``warmup.Warmer`` and
 ``replicas.Supervisor``; each is idempotent (see ``runtime.reconcile``).
@@ -112,6 +113,8 @@ class LocalExecutor:
 
     async def observe(self) -> tuple[Desired, Observed] | None:
         st = self.state
+        # Images never wait for the weights (nor the weights for them).
+        await self.warmer.images.sync()
         if len(st.resolved) < len(st.spec.variants):
             if st.clock.now() < self._resolve_retry_at:
                 return None

@@ -2,7 +2,9 @@
 
 A replica (``model.Replica``) goes through ``ReplicaPhase``:
 
-1. **starting**: a lease on the node's snapshot (a cold node first pulls the revision
+1. **starting**: with ``modelCacheConfig.image.enabled``, the replica's image on the
+   node (``ImageWarmer.for_replica``: the node's copy, else a pull into the node store;
+   a failed pull never fails the start), then a lease on the node's snapshot (a cold node first pulls the revision
    itself, recorded as an origin fetch), a free port, the engine process (``preheat
    engine serve --snapshot DIR`` or the spec's command), ``/health`` within
    ``startup_timeout``, the engine's own ``/startup`` stages, then one request straight
@@ -38,14 +40,13 @@ from preheat.runtime.router_proc import RouterProcess
 from preheat.runtime.warmup import Warmer
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
 from preheat.telemetry.events import EventLog, StartRecord
+from preheat.telemetry.records import STAGES
 
 __all__ = ["DRAIN_TIMEOUT", "MAX_RESTARTS", "RESTART_WINDOW", "Supervisor"]
 
 MAX_RESTARTS = 3
 RESTART_WINDOW = 120.0
 DRAIN_TIMEOUT = 30.0
-
-_STAGES = ("weights_ready", "runtime_started", "weights_loaded", "healthy", "first_response")
 
 
 class Supervisor:
@@ -241,7 +242,14 @@ class Supervisor:
         failure: str | None = None
         stamps: dict[str, float | None] = {}
         event_class = classify_start(ctx)
+        image_source: str | None = None
         try:
+            # Image: local mode has no container runtime; the start pulls it into the store.
+            image = self.warmer.images.image_of(r)
+            if image:
+                img = await self.warmer.images.for_replica(r, node, image)
+                image_source = img.source
+                stamps["image_ready"] = img.ready
             # Weights: a lease on the node's snapshot, pulling it first on a cold node.
             if r.snapshot is None:
                 snap = await asyncio.to_thread(node.cache.snapshot_dir, r.revision)
@@ -297,7 +305,15 @@ class Supervisor:
             st.wake()
             return False
         finally:
-            self._record(r, scheduled, stamps, event_class, weights_source, bytes_from, failure)
+            self._record(
+                r,
+                scheduled,
+                stamps,
+                event_class,
+                (image_source, weights_source),
+                bytes_from,
+                failure,
+            )
 
     async def _engine_stages(self, r: Replica) -> dict[str, float | None]:
         """``runtime_started`` / ``weights_loaded`` as the engine reports them (``/startup``)."""
@@ -332,7 +348,7 @@ class Supervisor:
         scheduled: float,
         stamps: dict[str, float | None],
         event_class: Any,
-        weights_source: str,
+        sources: tuple[str | None, str],
         bytes_from: dict[str, int],
         failure: str | None,
     ) -> None:
@@ -340,7 +356,7 @@ class Supervisor:
         # clock granularity; clamp it between its neighbours.
         prev = scheduled
         clean: dict[str, float | None] = {}
-        for name in _STAGES:
+        for name in STAGES:
             v = stamps.get(name)
             if v is None:
                 clean[name] = None
@@ -360,12 +376,14 @@ class Supervisor:
                 revision=r.revision,
                 event_class=event_class,
                 scheduled=scheduled,
+                image_ready=clean["image_ready"],
                 weights_ready=clean["weights_ready"],
                 runtime_started=clean["runtime_started"],
                 weights_loaded=clean["weights_loaded"],
                 healthy=clean["healthy"],
                 first_response=clean["first_response"],
-                weights_source=weights_source,
+                image_source=sources[0],
+                weights_source=sources[1],
                 bytes_from={k: v for k, v in bytes_from.items() if v},
                 restart_count=r.restarts,
                 failure=None if failure is None else redact_url(failure),

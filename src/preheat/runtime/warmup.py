@@ -19,6 +19,10 @@ says so), then fills piece by piece from peers first. Each finished warm-up is a
 bytes per (node, revision) stay in ``FleetState.origin_bytes``. A replica's own pull on
 a cold node (``pull_for_replica``) fetches from the origin as before.
 
+The endpoint's container images (``modelCacheConfig.image.enabled``) are pre-pulled
+beside the weights by ``runtime.image_warmup.ImageWarmer`` (``Warmer.images``); they
+never gate anything.
+
 Failure reasons are redacted (``redact_url``) before they reach a cache view, the
 node's ``WarmupFailure`` (a Prometheus label), a message or a replica's detail.
 """
@@ -31,6 +35,7 @@ import contextlib
 from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
 from preheat.errors import FetchError, InsufficientSpace, PreheatError
+from preheat.runtime.image_warmup import ImageWarmer
 from preheat.runtime.model import FleetState, Node, Replica, WarmState, cache_view
 from preheat.runtime.nodestore import PullOutcome
 from preheat.runtime.peering import FleetPeers
@@ -54,6 +59,8 @@ class Warmer:
 
     def __init__(self, state: FleetState) -> None:
         self.state = state
+        #: Image pre-pulls and references (``modelCacheConfig.image``).
+        self.images = ImageWarmer(state)
         cluster = state.cluster
         #: The fan-out (None with ``peers.enabled: false``: every node fills from the origin).
         self.peers = (
@@ -91,6 +98,7 @@ class Warmer:
             if not task.done():
                 task.cancel()
                 node.views.pop(rev, None)
+        self.images.cancel_node(node)
 
     async def stop(self) -> None:
         """Cancel every warm-up and wait for them (partial files stay resumable)."""
@@ -102,6 +110,7 @@ class Warmer:
                 await t
         if self.peers is not None:
             await self.peers.aclose()
+        await self.images.stop()
 
     async def pull(self, node: Node, revision: str, *, fan_out: bool = False) -> PullOutcome:
         """Pull ``revision`` into ``node``; updates the node's cache view either way.

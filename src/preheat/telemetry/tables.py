@@ -82,12 +82,15 @@ def stage_table_rich(records: Sequence[StartRecord]) -> Table:
 
 
 def class_table(summaries: Sequence[ClassSummary]) -> Rows:
-    """Per event class: starts, failures, weights cache hits, bytes by source, readiness."""
+    """Per event class: starts, failures, weights cache hits, image cache hits (``-``
+    for starts without an image), bytes by source, readiness. Image time per class is
+    the ``image_ready`` stage of ``stage_table``."""
     headers = [
         "event class",
         "starts",
         "failed",
         "weights cache hits",
+        "image cache hits",
         *(f"bytes from {s}" for s in WEIGHTS_SOURCES),
         "ready p50",
         "ready p95",
@@ -102,6 +105,7 @@ def class_table(summaries: Sequence[ClassSummary]) -> Rows:
                 str(s.starts),
                 str(s.failures),
                 percent(s.hit_ratio),
+                _image_hits(s),
                 *(format_size(s.bytes_from.get(src, 0)) for src in WEIGHTS_SOURCES),
                 "-" if ready is None else seconds(ready.p50),
                 "-" if ready is None else seconds(ready.p95),
@@ -109,6 +113,14 @@ def class_table(summaries: Sequence[ClassSummary]) -> Rows:
             ]
         )
     return headers, rows
+
+
+def _image_hits(s: ClassSummary) -> str:
+    """``67% (2/3)``: starts whose image was on the node, of those that used one."""
+    total = s.image_hits + s.image_misses
+    if total == 0:
+        return "-"
+    return f"{percent(s.image_hits / total)} ({s.image_hits}/{total})"
 
 
 def failed_table(records: Iterable[StartRecord]) -> Rows:
