@@ -292,12 +292,14 @@ class ImageCache:
         self.store.lease(img.snapshot, REF_PREFIX + endpoint)
         return self.find(img.digest)
 
-    def unref(self, key: str, endpoint: str) -> bool:
+    def unref(self, key: str, endpoint: str, *, remove: bool = True) -> bool:
         """Drop ``endpoint``'s reference; when it was the last holder of the image, the
-        image is removed. Returns whether the image was removed."""
+        image is removed (``remove=False``: kept, unreferenced, for the eviction policy to
+        take when space is needed, e.g. when a fleet stops and will start again).
+        Returns whether the image was removed."""
         img = self.find(key)
         self.store.release(img.snapshot, REF_PREFIX + endpoint)
-        if self.store.leases(img.snapshot):
+        if not remove or self.store.leases(img.snapshot):
             return False
         self._remove(img)
         return True

@@ -8,8 +8,9 @@ the planner or the cache gate. A failed pull is retried with the warm-ups' backo
 
 Once pulled, the endpoint holds a reference on the image on that node
 (``ImageCache.ref``), so no eviction takes it while the endpoint uses it; an image no
-variant or live replica uses any more, and every image when the fleet stops (the
-endpoint goes away), is unreferenced (``unref``: the last reference removes it).
+variant or live replica uses any more is unreferenced (``unref``: the last reference
+removes it); when the fleet stops, every reference is dropped but the images stay in the
+node stores, unreferenced, for the eviction policy (the next ``preheat up`` finds them).
 
 A replica that starts before its node has the image pulls it itself
 (``for_replica``): local mode has no container runtime, so the start's ``image`` stage
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from dataclasses import dataclass
 
 from preheat.artifacts.refs import redact_url
@@ -154,14 +156,16 @@ class ImageWarmer:
         )
         st.wake()
 
-    async def _drop(self, name: str, image: str, e: _Entry) -> None:
+    async def _drop(self, name: str, image: str, e: _Entry, *, remove: bool = True) -> None:
         self.entries.pop((name, image), None)
         node = self.state.nodes.get(name)
         if e.digest is None or node is None or node.cache.closed:
             return
         try:
             removed = await asyncio.to_thread(
-                self._cache(node).unref, e.digest, self.state.spec.name
+                functools.partial(
+                    self._cache(node).unref, e.digest, self.state.spec.name, remove=remove
+                )
             )
         except (PreheatError, OSError) as exc:
             self.state.say(f"could not drop image {redact_url(image)} on {name}: {exc}")
@@ -215,7 +219,8 @@ class ImageWarmer:
                 e.task.cancel()
 
     async def stop(self) -> None:
-        """The endpoint goes away: stop the pulls and drop every reference it holds."""
+        """The fleet stops: stop the pulls and drop every reference the endpoint holds,
+        keeping the images in the stores for the eviction policy."""
         tasks = [e.task for e in self.entries.values() if e.task is not None]
         for t in tasks:
             t.cancel()
@@ -223,4 +228,4 @@ class ImageWarmer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         for (name, image), e in list(self.entries.items()):
-            await self._drop(name, image, e)
+            await self._drop(name, image, e, remove=False)

@@ -282,11 +282,11 @@ class LocalFleet:
 
     def _note_images(self, spec: EndpointSpec) -> None:
         images = sorted({v.image for v in spec.variants if v.image})
-        if images or spec.cache.image.enabled:
+        if images and not spec.cache.image.enabled:
             self.say(
-                f"image {', '.join(images) or '(none)'}: local mode runs replicas as processes, "
-                "so no image is pulled and modelCacheConfig.image does not apply here "
-                "(it does in Kubernetes mode)"
+                f"image {', '.join(images)}: not cached on the nodes (local mode runs "
+                "replicas as processes; set modelCacheConfig.image.enabled to pre-pull it "
+                "into the node stores, docs/images.md#fleet)"
             )
 
     async def scale(self, replicas: int, variant: str | None = None) -> None:
