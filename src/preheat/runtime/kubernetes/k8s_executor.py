@@ -79,10 +79,12 @@ from preheat.runtime.kubernetes.resources import endpoint_from_object
 from preheat.runtime.kubernetes.workload import (
     ENDPOINT_LABEL,
     REVISION_ANNOTATION,
+    SPEC_REPLICAS_ANNOTATION,
     VERSION_ANNOTATION,
     cache_body,
     cache_name,
     deployment_body,
+    replica_count,
     service_body,
     template_fingerprint,
 )
@@ -297,7 +299,12 @@ class KubeExecutor:
                 v.name,
                 self.resolved[v.name].revision,
                 self.resolved[v.name].bytes,
-                v.replicas.min,
+                # Never fight an HPA or `kubectl scale` (workload.replica_count).
+                replica_count(
+                    v.replicas.min,
+                    self.p.deployments.get(variant_service_name(self.name, v.name)),
+                    autoscaled=spec.autoscaling is not None,
+                ),
                 v.weight,
                 template=template_fingerprint(v),
             )
@@ -571,7 +578,7 @@ class KubeExecutor:
         body = deployment_body(
             p.endpoint, p.spec, spec_v, name=name, revision=rev, digest=res.digest,
             source=res.source, replicas=dv.replicas, pod=p.pod, max_surge=p.desired.max_surge,
-            progress_deadline_s=self.config.rollout_deadline_s,
+            progress_deadline_s=self.config.rollout_deadline_s, spec_replicas=spec_v.replicas.min,
         )  # fmt: skip
         # The template of the version being rolled back to keeps its own fingerprint.
         body["spec"]["template"]["metadata"]["annotations"][VERSION_ANNOTATION] = target
@@ -584,14 +591,20 @@ class KubeExecutor:
             return
         cur = current["spec"]
         cur_version = cur["template"]["metadata"].get("annotations", {}).get(VERSION_ANNOTATION)
-        if cur_version == target and cur.get("replicas") == dv.replicas:
+        applied = (current["metadata"].get("annotations") or {}).get(SPEC_REPLICAS_ANNOTATION)
+        spec_count = body["metadata"]["annotations"][SPEC_REPLICAS_ANNOTATION]
+        if cur_version == target and cur.get("replicas") == dv.replicas and applied == spec_count:
             return
-        patch = {"spec": {"replicas": dv.replicas, "template": body["spec"]["template"]}}
+        patch = {
+            "metadata": {"annotations": {SPEC_REPLICAS_ANNOTATION: spec_count}},
+            "spec": {"replicas": dv.replicas, "template": body["spec"]["template"]},
+        }
         await self._call(
             self.apps.patch_namespaced_deployment, name, self.namespace, patch,
             _content_type=_MERGE,
         )  # fmt: skip
         current["spec"]["replicas"] = dv.replicas
+        current["metadata"].setdefault("annotations", {})[SPEC_REPLICAS_ANNOTATION] = spec_count
         current["spec"]["template"] = body["spec"]["template"]
         if cur_version != target:
             self.emit(p.endpoint, "Normal", "RolloutStarted",
