@@ -5,7 +5,8 @@ ever fills), the ReplicaSet controller creates pods the scheduler cannot place, 
 executor (``KubeExecutor`` under the shared ``ReconcileLoop``, exactly what ``preheat
 operator`` runs per endpoint) is driven pass by pass. Covers what the end-to-end module
 does not: a replica count someone else set (an HPA, the scale subresource), the cache
-gate's timeout, a restarted operator, and a NotReady (not deleted) Node.
+gate's timeout, a restarted operator, a NotReady (not deleted) Node, the rendered HPA and
+the shared ``ModelImageCache`` objects.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kubernetes import config as kube_config
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.control.spec import parse_endpoint
 from preheat.runtime.fleetlog import FleetLog
+from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.k8s_executor import KubeExecutor
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import endpoint_object
@@ -229,3 +231,41 @@ def test_the_rendered_hpa_is_accepted_by_the_api_server(world: World) -> None:
         hpa,
     )  # fmt: skip
     assert out["spec"]["metrics"][0]["external"]["target"]["averageValue"] == "2500m"
+
+
+def test_image_caches_are_shared_per_image_and_go_with_their_last_endpoint(world: World) -> None:
+    """With the image cache on, one ModelImageCache per image lists the endpoints that use
+    it (no agent pulls here: the Deployment is not held for it); the last endpoint out
+    deletes it."""
+    for name in ("img-one", "img-two"):
+        world.kube.rest().must("POST", f"{API}/inferenceendpoints", _image_endpoint(world, name))
+    loops = {name: world.executor(name) for name in ("img-one", "img-two")}
+    for _, loop in loops.values():
+        _passes(loop, 2)
+    assert world.get(f"{APPS}/deployments/img-one-main")["spec"]["replicas"] == 1
+    (mic,) = world.items(f"{API}/modelimagecaches")
+    assert mic["spec"]["image"] == "registry.test/engine:1"
+    assert mic["spec"]["endpoints"] == ["img-one", "img-two"]
+    assert mic["spec"]["nodes"] == {"selector": {"pool": "gpu"}}
+    world.kube.rest().must(
+        "PATCH", f"{API}/inferenceendpoints/img-one",
+        {"spec": {"modelCacheConfig": {"image": {"enabled": False}}}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    _passes(loops["img-one"][1], 1)
+    (mic,) = world.items(f"{API}/modelimagecaches")
+    assert mic["spec"]["endpoints"] == ["img-two"]
+    executor = loops["img-two"][0]
+    asyncio.run(sync_image_caches(executor.custom, NS, "img-two", None))  # endpoint deleted
+    assert world.items(f"{API}/modelimagecaches") == []
+
+
+def _image_endpoint(world: World, name: str) -> dict[str, Any]:
+    spec = parse_endpoint(
+        {"name": name, "model": {"source": world.source}, "image": "registry.test/engine:1",
+         "engine": {"simulated": {"profile": "tiny"}},
+         "modelCacheConfig": {"image": {"enabled": True},
+                              "weights": {"enabled": False, "nodes": {"selector": {"pool": "gpu"}}}}},
+        origin="test",
+    )  # fmt: skip
+    return endpoint_object(spec, namespace=NS)

@@ -23,6 +23,8 @@ Rollback          the version is marked failed; the Deployment goes back to stab
 DeleteRevision    the unwanted revision's ``ModelDataCache`` is deleted (its finalizer
                   holds it until no pod runs that revision)
 Notice            status message + Event
+(after a pass)    ``ModelImageCache`` per image with ``modelCacheConfig.image.enabled``
+                  (``image_caches``; never gates the Deployment)
 ================  ===================================================================
 
 A cache is one object for all nodes, so per-node cache views come from the agents'
@@ -75,6 +77,7 @@ from preheat.errors import PreheatError
 from preheat.runtime.kubernetes import endpoint_status as es
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.resources import endpoint_from_object
 from preheat.runtime.kubernetes.workload import (
     ENDPOINT_LABEL,
@@ -628,10 +631,22 @@ class KubeExecutor:
     # --- after each pass --------------------------------------------------------------
 
     async def commit(self) -> None:
-        """Write the endpoint's and its caches' status; one Event per transition."""
+        """Write the endpoint's and its caches' status; one Event per transition; then the
+        ``ModelImageCache`` objects (``image_caches``: never before the Deployment)."""
         p = self.p
         if p.endpoint is None:
             return
+        await self._commit_status()
+        if p.spec is not None:  # an unreadable spec keeps what it had
+            await sync_image_caches(self.custom, self.namespace, self.name, p.spec, self._emit_obj)
+
+    def _emit_obj(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelImageCache", **obj}
+        self.emit(obj, "Normal", reason, message)
+
+    async def _commit_status(self) -> None:
+        p = self.p
+        assert p.endpoint is not None
         now = self.clock()
         view = es.EndpointView(
             generation=p.endpoint["metadata"].get("generation", 0),
