@@ -12,7 +12,10 @@ the shared ``ModelImageCache`` objects.
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +32,11 @@ from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.k8s_executor import KubeExecutor
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import endpoint_object
+from preheat.runtime.procs import start_process
 from preheat.runtime.reconcile import ReconcileLoop
 from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, kube_cluster
 from preheat.testing.origins import nginx_origin
+from preheat.testing.procs import free_port
 
 pytestmark = pytest.mark.kubernetes
 
@@ -269,3 +274,56 @@ def _image_endpoint(world: World, name: str) -> dict[str, Any]:
         origin="test",
     )  # fmt: skip
     return endpoint_object(spec, namespace=NS)
+
+
+def _reconciles(port: int, endpoint: str) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("preheat_operator_reconciles_total{") and f'"{endpoint}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_killed_and_restarted_operator_process_carries_on_without_duplicates(
+    world: World, tmp_path: Path
+) -> None:
+    """`preheat operator` SIGKILLed while a gate waits, then restarted: the same single
+    cache (uid), still no Deployment, and the gate's wait keeps its start time."""
+    world.apply_endpoint(
+        "restart", 1, enabled=True, nodes={"selector": {"pool": "gpu"}}, minReady=1,
+        timeoutSeconds=600,
+    )  # fmt: skip
+    sel = "labelSelector=preheat.dev/endpoint%3Drestart"
+    port = free_port()
+    argv = [str(Path(sys.executable).parent / "preheat"), "operator", "--kubeconfig",
+            str(world.kube.kubeconfig), "--namespace", NS, "--metrics-port", str(port),
+            "--tick", "1"]  # fmt: skip
+
+    def variant() -> dict[str, Any]:
+        ep = world.get(f"{API}/inferenceendpoints/restart")
+        return dict(((ep.get("status") or {}).get("variants") or [{}])[0])
+
+    op = start_process(argv, tmp_path / "operator-1.log")
+    try:
+        world.kube.wait_for("a cache and a waiting gate", lambda: (
+            world.items(f"{API}/modeldatacaches?{sel}") and variant().get("gateSince")
+        ), timeout=60)  # fmt: skip
+    finally:
+        op.stop(5, sig=signal.SIGKILL)
+    (cache,) = world.items(f"{API}/modeldatacaches?{sel}")
+    since = variant()["gateSince"]
+    op = start_process(argv, tmp_path / "operator-2.log")
+    try:
+        world.kube.wait_for("3 passes after the restart", lambda: _reconciles(port, "restart") >= 3,
+                            timeout=60)  # fmt: skip
+    finally:
+        op.stop(10)
+    assert [c["metadata"]["uid"] for c in world.items(f"{API}/modeldatacaches?{sel}")] == [
+        cache["metadata"]["uid"]
+    ]
+    assert world.items(f"{APPS}/deployments?{sel}") == []
+    assert variant()["gateSince"] == since
