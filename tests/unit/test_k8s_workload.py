@@ -168,3 +168,13 @@ async def test_the_loop_commits_after_every_pass_even_with_nothing_to_plan() -> 
     await loop.once()
     await loop.once()
     assert ex.commits == 2 and loop.log.errors == 0
+
+
+def test_the_deployment_records_the_spec_replica_count_it_was_given() -> None:
+    """The annotation replica_count reads says which spec count was applied."""
+    from preheat.runtime.kubernetes.workload import SPEC_REPLICAS_ANNOTATION
+
+    assert _deployment()["metadata"]["annotations"] == {SPEC_REPLICAS_ANNOTATION: "3"}
+    dep = _deployment(spec_replicas=2)
+    assert dep["metadata"]["annotations"][SPEC_REPLICAS_ANNOTATION] == "2"
+    assert dep["spec"]["replicas"] == 3

@@ -23,6 +23,8 @@ Rollback          the version is marked failed; the Deployment goes back to stab
 DeleteRevision    the unwanted revision's ``ModelDataCache`` is deleted (its finalizer
                   holds it until no pod runs that revision)
 Notice            status message + Event
+(after a pass)    ``ModelImageCache`` per image with ``modelCacheConfig.image.enabled``
+                  (``image_caches``; never gates the Deployment)
 ================  ===================================================================
 
 A cache is one object for all nodes, so per-node cache views come from the agents'
@@ -75,14 +77,17 @@ from preheat.errors import PreheatError
 from preheat.runtime.kubernetes import endpoint_status as es
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.resources import endpoint_from_object
 from preheat.runtime.kubernetes.workload import (
     ENDPOINT_LABEL,
     REVISION_ANNOTATION,
+    SPEC_REPLICAS_ANNOTATION,
     VERSION_ANNOTATION,
     cache_body,
     cache_name,
     deployment_body,
+    replica_count,
     service_body,
     template_fingerprint,
 )
@@ -297,7 +302,12 @@ class KubeExecutor:
                 v.name,
                 self.resolved[v.name].revision,
                 self.resolved[v.name].bytes,
-                v.replicas.min,
+                # Never fight an HPA or `kubectl scale` (workload.replica_count).
+                replica_count(
+                    v.replicas.min,
+                    self.p.deployments.get(variant_service_name(self.name, v.name)),
+                    autoscaled=spec.autoscaling is not None,
+                ),
                 v.weight,
                 template=template_fingerprint(v),
             )
@@ -571,7 +581,7 @@ class KubeExecutor:
         body = deployment_body(
             p.endpoint, p.spec, spec_v, name=name, revision=rev, digest=res.digest,
             source=res.source, replicas=dv.replicas, pod=p.pod, max_surge=p.desired.max_surge,
-            progress_deadline_s=self.config.rollout_deadline_s,
+            progress_deadline_s=self.config.rollout_deadline_s, spec_replicas=spec_v.replicas.min,
         )  # fmt: skip
         # The template of the version being rolled back to keeps its own fingerprint.
         body["spec"]["template"]["metadata"]["annotations"][VERSION_ANNOTATION] = target
@@ -584,14 +594,20 @@ class KubeExecutor:
             return
         cur = current["spec"]
         cur_version = cur["template"]["metadata"].get("annotations", {}).get(VERSION_ANNOTATION)
-        if cur_version == target and cur.get("replicas") == dv.replicas:
+        applied = (current["metadata"].get("annotations") or {}).get(SPEC_REPLICAS_ANNOTATION)
+        spec_count = body["metadata"]["annotations"][SPEC_REPLICAS_ANNOTATION]
+        if cur_version == target and cur.get("replicas") == dv.replicas and applied == spec_count:
             return
-        patch = {"spec": {"replicas": dv.replicas, "template": body["spec"]["template"]}}
+        patch = {
+            "metadata": {"annotations": {SPEC_REPLICAS_ANNOTATION: spec_count}},
+            "spec": {"replicas": dv.replicas, "template": body["spec"]["template"]},
+        }
         await self._call(
             self.apps.patch_namespaced_deployment, name, self.namespace, patch,
             _content_type=_MERGE,
         )  # fmt: skip
         current["spec"]["replicas"] = dv.replicas
+        current["metadata"].setdefault("annotations", {})[SPEC_REPLICAS_ANNOTATION] = spec_count
         current["spec"]["template"] = body["spec"]["template"]
         if cur_version != target:
             self.emit(p.endpoint, "Normal", "RolloutStarted",
@@ -615,10 +631,22 @@ class KubeExecutor:
     # --- after each pass --------------------------------------------------------------
 
     async def commit(self) -> None:
-        """Write the endpoint's and its caches' status; one Event per transition."""
+        """Write the endpoint's and its caches' status; one Event per transition; then the
+        ``ModelImageCache`` objects (``image_caches``: never before the Deployment)."""
         p = self.p
         if p.endpoint is None:
             return
+        await self._commit_status()
+        if p.spec is not None:  # an unreadable spec keeps what it had
+            await sync_image_caches(self.custom, self.namespace, self.name, p.spec, self._emit_obj)
+
+    def _emit_obj(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelImageCache", **obj}
+        self.emit(obj, "Normal", reason, message)
+
+    async def _commit_status(self) -> None:
+        p = self.p
+        assert p.endpoint is not None
         now = self.clock()
         view = es.EndpointView(
             generation=p.endpoint["metadata"].get("generation", 0),

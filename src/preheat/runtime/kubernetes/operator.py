@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from preheat.runtime.fleetlog import FleetLog
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
+from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.k8s_executor import KubeExecutor, OperatorConfig
 from preheat.runtime.kubernetes.workload import ENDPOINT_LABEL, REVISION_ANNOTATION
 from preheat.runtime.reconcile import ReconcileLoop
@@ -181,6 +182,7 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
         for c in listed.get("items") or ():
             await _delete(custom.delete_namespaced_custom_object, *caches[:2], namespace,
                           caches[2], c["metadata"]["name"])  # fmt: skip
+        await sync_image_caches(custom, namespace, name, None)  # leaves the shared image caches
         logger.info(f"endpoint {namespace}/{name}: Deployments, Services and caches deleted")
 
     @kopf.on.delete(*caches, registry=reg)

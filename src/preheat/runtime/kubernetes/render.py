@@ -25,7 +25,9 @@ from typing import Any
 import yaml
 
 from preheat.control.spec import EndpointSpec
+from preheat.runtime.kubernetes.autoscaler import hpa_body
 from preheat.runtime.kubernetes.crds import GROUP, custom_resource_definitions
+from preheat.runtime.kubernetes.discovery import variant_service_name
 from preheat.runtime.kubernetes.resources import PodOverrides, endpoint_object
 
 __all__ = [
@@ -265,7 +267,8 @@ def endpoint_manifests(
     image: str = DEFAULT_IMAGE,
     pod: PodOverrides | None = None,
 ) -> list[dict[str, Any]]:
-    """The router (RBAC, Deployment, Service) for one endpoint, and the endpoint object."""
+    """The router (RBAC, Deployment, Service) for one endpoint, the endpoint object, and
+    with ``autoscaling`` an HPA per variant Deployment (``autoscaler.py``)."""
     name = f"preheat-router-{spec.name}"
     labels = _labels("router", spec.name)
     router = {
@@ -322,6 +325,19 @@ def endpoint_manifests(
         router,
         service,
         endpoint_object(spec, namespace=namespace, pod=pod),
+        *(
+            hpa
+            for v in spec.variants
+            if (
+                hpa := hpa_body(
+                    spec,
+                    v,
+                    deployment=variant_service_name(spec.name, v.name),
+                    namespace=namespace,
+                )
+            )
+            is not None
+        ),
     ]
 
 

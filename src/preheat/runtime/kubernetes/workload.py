@@ -38,6 +38,7 @@ from preheat.runtime.kubernetes.nodecache_status import SNAPSHOT_ANNOTATION, rev
 __all__ = [
     "ENGINE_PORT",
     "REVISION_ANNOTATION",
+    "SPEC_REPLICAS_ANNOTATION",
     "STORE_HOST_PATH",
     "VERSION_ANNOTATION",
     "WEIGHTS_MOUNT",
@@ -46,6 +47,7 @@ __all__ = [
     "deployment_body",
     "engine_argv",
     "pod_labels",
+    "replica_count",
     "service_body",
     "template_fingerprint",
 ]
@@ -61,6 +63,8 @@ ENDPOINT_LABEL = "preheat.dev/endpoint"
 VARIANT_LABEL = "preheat.dev/variant"
 CACHE_REVISION_LABEL = "preheat.dev/revision"
 DEFAULT_IMAGE = "preheat:0.1.0"
+#: On the Deployment: the spec's replica count the operator last applied.
+SPEC_REPLICAS_ANNOTATION = "preheat.dev/spec-replicas"
 
 Body = dict[str, Any]
 
@@ -189,9 +193,11 @@ def deployment_body(
     pod: Mapping[str, Any] | None = None,
     max_surge: int = 1,
     progress_deadline_s: int = 600,
+    spec_replicas: int | None = None,
 ) -> Body:
     """The variant's Deployment running ``revision`` (whose snapshot has the manifest
-    ``digest``; see the module docstring)."""
+    ``digest``; see the module docstring) with ``replicas`` pods; ``spec_replicas`` (the
+    spec's own count, default ``replicas``) is recorded for :func:`replica_count`."""
     labels = pod_labels(spec.name, variant.name)
     version = f"{revision}#{template_fingerprint(variant)}"
     argv = engine_argv(variant, spec.name)
@@ -263,10 +269,14 @@ def deployment_body(
     for key in ("tolerations", "nodeSelector", "serviceAccountName"):
         if overrides.get(key):
             pod_spec[key] = overrides[key]
+    meta = _meta(endpoint, name, labels)
+    meta["annotations"] = {
+        SPEC_REPLICAS_ANNOTATION: str(replicas if spec_replicas is None else spec_replicas)
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(endpoint, name, labels),
+        "metadata": meta,
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": dict(labels)},
@@ -290,6 +300,29 @@ def deployment_body(
             },
         },
     }
+
+
+def replica_count(spec_replicas: int, deployment: Mapping[str, Any] | None, *,
+                  autoscaled: bool) -> int:  # fmt: skip
+    """The count the operator asks of a variant's Deployment.
+
+    The spec's own count on create and whenever that count changed (the Deployment's
+    :data:`SPEC_REPLICAS_ANNOTATION` says which count was applied last); otherwise the
+    Deployment's current count, so a HorizontalPodAutoscaler or ``kubectl scale`` that
+    changed it is never fought. With ``autoscaled`` (the spec has ``autoscaling``: an HPA
+    owns the count) only the create sets it.
+    """
+    if deployment is None:
+        return spec_replicas
+    current = (deployment.get("spec") or {}).get("replicas")
+    if not isinstance(current, int):
+        return spec_replicas
+    if autoscaled:
+        return current
+    applied = ((deployment.get("metadata") or {}).get("annotations") or {}).get(
+        SPEC_REPLICAS_ANNOTATION
+    )
+    return current if applied == str(spec_replicas) else spec_replicas
 
 
 def service_body(endpoint: Mapping[str, Any], spec: EndpointSpec, variant: str, name: str) -> Body:

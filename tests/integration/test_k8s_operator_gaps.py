@@ -1,0 +1,329 @@
+"""The operator's executor against a real v1.20.2 API server, with no kubelet.
+
+Node objects are written through the API (no kubelet stand-in, no node agent: no cache
+ever fills), the ReplicaSet controller creates pods the scheduler cannot place, and the
+executor (``KubeExecutor`` under the shared ``ReconcileLoop``, exactly what ``preheat
+operator`` runs per endpoint) is driven pass by pass. Covers what the end-to-end module
+does not: a replica count someone else set (an HPA, the scale subresource), the cache
+gate's timeout, a restarted operator, a NotReady (not deleted) Node, the rendered HPA and
+the shared ``ModelImageCache`` objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes import config as kube_config
+
+from preheat.bench.models import generate_model, write_http_manifest
+from preheat.control.spec import parse_endpoint
+from preheat.runtime.fleetlog import FleetLog
+from preheat.runtime.kubernetes.image_caches import sync_image_caches
+from preheat.runtime.kubernetes.k8s_executor import KubeExecutor
+from preheat.runtime.kubernetes.render import endpoint_manifests
+from preheat.runtime.kubernetes.resources import endpoint_object
+from preheat.runtime.procs import start_process
+from preheat.runtime.reconcile import ReconcileLoop
+from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, kube_cluster
+from preheat.testing.origins import nginx_origin
+from preheat.testing.procs import free_port
+
+pytestmark = pytest.mark.kubernetes
+
+NS = "default"
+API = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}"
+APPS = f"/apis/apps/v1/namespaces/{NS}"
+
+
+@dataclass
+class World:
+    kube: KubeCluster
+    source: str
+    api: client.ApiClient
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def executor(self, name: str) -> tuple[KubeExecutor, ReconcileLoop]:
+        """A fresh executor and loop for one endpoint (a freshly started operator)."""
+
+        def emit(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
+            self.events.append((body["metadata"]["name"], reason, message))
+
+        executor = KubeExecutor(self.api, NS, name, emit=emit)
+        return executor, ReconcileLoop(executor, FleetLog(None))
+
+    def apply_endpoint(self, name: str, replicas: int, **cache: Any) -> None:
+        doc: dict[str, Any] = {
+            "name": name,
+            "model": {"source": self.source},
+            "engine": {"simulated": {"profile": "tiny"}},
+            "replicas": {"min": replicas, "max": 8},
+        }
+        if cache:
+            doc["modelCacheConfig"] = {"weights": cache}
+        body = endpoint_object(parse_endpoint(doc, origin="test"), namespace=NS)
+        self.kube.rest().must("POST", f"{API}/inferenceendpoints", body)
+
+    def get(self, path: str) -> Any:
+        return self.kube.rest().get(path)
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        return list(self.get(path)["items"])
+
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
+        ep = self.get(f"{API}/inferenceendpoints/{name}")
+        for c in (ep.get("status") or {}).get("conditions") or ():
+            if c["type"] == kind:
+                return dict(c)
+        return {}
+
+
+def _passes(loop: ReconcileLoop, n: int) -> None:
+    async def run() -> None:
+        for _ in range(n):
+            await loop.once()
+
+    asyncio.run(run())
+
+
+def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test",
+             "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [ready], "capacity": {"cpu": "4", "pods": "10"}},
+    }
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The cluster (no kubelet), two Node objects and an HTTP model origin."""
+    try:
+        bin_dir = find_kube_bin()
+    except KubeUnavailable as exc:
+        pytest.skip(str(exc))
+    base: Path = tmp_path_factory.mktemp("k8s-gaps")
+    generate_model(base / "origin" / "m", 200_000, shards=1, seed=3)
+    write_http_manifest(base / "origin" / "m")
+    with (
+        nginx_origin(base / "origin") as nginx,
+        kube_cluster(base / "kube", crds=True, bin_dir=bin_dir) as kube,
+    ):
+        for name in ("node-a", "node-b"):
+            kube.rest().must("POST", "/api/v1/nodes", _node(name, {"pool": "gpu"}))
+        api = kube_config.new_client_from_config(str(kube.kubeconfig))
+        try:
+            yield World(kube, nginx.url("m/preheat-manifest.json"), api)
+        finally:
+            api.close()
+
+
+def test_a_replica_count_set_through_the_scale_subresource_is_not_reset(world: World) -> None:
+    """After `kubectl scale` (what an HPA does) the operator keeps the new count over
+    later passes, and applies the spec's own count again only when that count changes."""
+    world.apply_endpoint("scaled", 2)
+    _, loop = world.executor("scaled")
+    _passes(loop, 2)
+    dep = world.get(f"{APPS}/deployments/scaled-main")
+    assert dep["spec"]["replicas"] == 2
+    world.kube.rest().must(
+        "PATCH", f"{APPS}/deployments/scaled-main/scale", {"spec": {"replicas": 4}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    _passes(loop, 3)
+    assert world.get(f"{APPS}/deployments/scaled-main")["spec"]["replicas"] == 4
+    variants = world.get(f"{API}/inferenceendpoints/scaled")["spec"]["variants"]
+    variants[0]["replicas"]["min"] = 3
+    world.kube.rest().must(
+        "PATCH", f"{API}/inferenceendpoints/scaled", {"spec": {"variants": variants}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    _passes(loop, 2)
+    assert world.get(f"{APPS}/deployments/scaled-main")["spec"]["replicas"] == 3
+
+
+def test_the_gate_times_out_into_a_deployment_with_cache_ready_false(world: World) -> None:
+    """No node ever warms: no Deployment while the gate waits; after timeoutSeconds the
+    Deployment is created anyway and CacheReady=False says GateTimedOut."""
+    world.apply_endpoint(
+        "gated", 1, enabled=True, nodes={"selector": {"pool": "gpu"}}, minReady=1,
+        timeoutSeconds=2,
+    )  # fmt: skip
+    _, loop = world.executor("gated")
+    _passes(loop, 2)
+    status, _ = world.kube.rest().call("GET", f"{APPS}/deployments/gated-main")
+    assert status == 404
+    waiting = world.condition("gated", "CacheReady")
+    assert (waiting["status"], waiting["reason"]) == ("False", "WaitingForNodes")
+    time.sleep(2.5)
+    _passes(loop, 2)
+    assert world.get(f"{APPS}/deployments/gated-main")["spec"]["replicas"] == 1
+    timed_out = world.condition("gated", "CacheReady")
+    assert (timed_out["status"], timed_out["reason"]) == ("False", "GateTimedOut")
+    assert any(r == "CacheGateTimedOut" for n, r, _ in world.events if n == "gated")
+
+
+def test_a_restarted_operator_changes_nothing_and_creates_no_duplicates(world: World) -> None:
+    """A fresh executor per endpoint (the operator restarted, memory only in status)
+    re-creates nothing and writes nothing: the same objects (uids), no Deployment spec
+    change (generation), Service and cache untouched, the status memory unchanged."""
+    sel = "labelSelector=preheat.dev/endpoint%3Dgated"
+
+    def snapshot() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for path in (f"{APPS}/deployments", f"/api/v1/namespaces/{NS}/services",
+                     f"{API}/modeldatacaches"):  # fmt: skip
+            for o in world.items(f"{path}?{sel}"):
+                meta = o["metadata"]
+                # Controllers write a Deployment's status; only its spec is the operator's.
+                mark = meta["generation"] if "deployments" in path else meta["resourceVersion"]
+                out[f"{path}/{meta['name']}"] = (meta["uid"], mark)
+        ep = world.get(f"{API}/inferenceendpoints/gated")
+        out["memory"] = ep["status"]["variants"]
+        return out
+
+    before = snapshot()
+    assert len(before) == 4  # one Deployment, one Service, one cache, the status memory
+    world.events.clear()
+    for _ in range(2):
+        _, loop = world.executor("gated")
+        _passes(loop, 3)
+    assert snapshot() == before
+    writes = [r for n, r, _ in world.events if r.endswith("Created") or r.startswith("Rollout")]
+    assert writes == []
+
+
+def test_a_not_ready_node_is_treated_as_lost(world: World) -> None:
+    """A Node whose Ready condition turns Unknown (still present) is down for the planner."""
+    executor, _ = world.executor("gated")
+    for name, ready in (("node-a", "True"), ("node-b", "Unknown")):
+        node = world.get(f"/api/v1/nodes/{name}")
+        node["status"]["conditions"] = _node(name, {})["status"]["conditions"]
+        node["status"]["conditions"][0]["status"] = ready
+        world.kube.rest().must("PUT", f"/api/v1/nodes/{name}/status", node)
+
+    async def observe() -> Any:
+        return await executor.observe()
+
+    observed = asyncio.run(observe())
+    assert observed is not None
+    up = {n.name: n.up for n in observed[1].nodes}
+    assert up == {"node-a": True, "node-b": False}
+
+
+def test_the_rendered_hpa_is_accepted_by_the_api_server(world: World) -> None:
+    """`preheat k8s render`'s HPA for `autoscaling` passes server-side validation."""
+    spec = parse_endpoint(
+        {"name": "chat", "model": {"source": world.source}, "replicas": {"min": 1, "max": 4},
+         "autoscaling": {"target_in_flight": 2.5, "scale_in_below": 1}},
+        origin="test",
+    )  # fmt: skip
+    (hpa,) = [o for o in endpoint_manifests(spec, namespace=NS) if o["kind"].startswith("Horiz")]
+    out = world.kube.rest().must(
+        "POST", f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers?dryRun=All",
+        hpa,
+    )  # fmt: skip
+    assert out["spec"]["metrics"][0]["external"]["target"]["averageValue"] == "2500m"
+
+
+def test_image_caches_are_shared_per_image_and_go_with_their_last_endpoint(world: World) -> None:
+    """With the image cache on, one ModelImageCache per image lists the endpoints that use
+    it (no agent pulls here: the Deployment is not held for it); the last endpoint out
+    deletes it."""
+    for name in ("img-one", "img-two"):
+        world.kube.rest().must("POST", f"{API}/inferenceendpoints", _image_endpoint(world, name))
+    loops = {name: world.executor(name) for name in ("img-one", "img-two")}
+    for _, loop in loops.values():
+        _passes(loop, 2)
+    assert world.get(f"{APPS}/deployments/img-one-main")["spec"]["replicas"] == 1
+    (mic,) = world.items(f"{API}/modelimagecaches")
+    assert mic["spec"]["image"] == "registry.test/engine:1"
+    assert mic["spec"]["endpoints"] == ["img-one", "img-two"]
+    assert mic["spec"]["nodes"] == {"selector": {"pool": "gpu"}}
+    world.kube.rest().must(
+        "PATCH", f"{API}/inferenceendpoints/img-one",
+        {"spec": {"modelCacheConfig": {"image": {"enabled": False}}}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    _passes(loops["img-one"][1], 1)
+    (mic,) = world.items(f"{API}/modelimagecaches")
+    assert mic["spec"]["endpoints"] == ["img-two"]
+    executor = loops["img-two"][0]
+    asyncio.run(sync_image_caches(executor.custom, NS, "img-two", None))  # endpoint deleted
+    assert world.items(f"{API}/modelimagecaches") == []
+
+
+def _image_endpoint(world: World, name: str) -> dict[str, Any]:
+    spec = parse_endpoint(
+        {"name": name, "model": {"source": world.source}, "image": "registry.test/engine:1",
+         "engine": {"simulated": {"profile": "tiny"}},
+         "modelCacheConfig": {"image": {"enabled": True},
+                              "weights": {"enabled": False, "nodes": {"selector": {"pool": "gpu"}}}}},
+        origin="test",
+    )  # fmt: skip
+    return endpoint_object(spec, namespace=NS)
+
+
+def _reconciles(port: int, endpoint: str) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("preheat_operator_reconciles_total{") and f'"{endpoint}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_killed_and_restarted_operator_process_carries_on_without_duplicates(
+    world: World, tmp_path: Path
+) -> None:
+    """`preheat operator` SIGKILLed while a gate waits, then restarted: the same single
+    cache (uid), still no Deployment, and the gate's wait keeps its start time."""
+    world.apply_endpoint(
+        "restart", 1, enabled=True, nodes={"selector": {"pool": "gpu"}}, minReady=1,
+        timeoutSeconds=600,
+    )  # fmt: skip
+    sel = "labelSelector=preheat.dev/endpoint%3Drestart"
+    port = free_port()
+    argv = [str(Path(sys.executable).parent / "preheat"), "operator", "--kubeconfig",
+            str(world.kube.kubeconfig), "--namespace", NS, "--metrics-port", str(port),
+            "--tick", "1"]  # fmt: skip
+
+    def variant() -> dict[str, Any]:
+        ep = world.get(f"{API}/inferenceendpoints/restart")
+        return dict(((ep.get("status") or {}).get("variants") or [{}])[0])
+
+    op = start_process(argv, tmp_path / "operator-1.log")
+    try:
+        world.kube.wait_for("a cache and a waiting gate", lambda: (
+            world.items(f"{API}/modeldatacaches?{sel}") and variant().get("gateSince")
+        ), timeout=60)  # fmt: skip
+    finally:
+        op.stop(5, sig=signal.SIGKILL)
+    (cache,) = world.items(f"{API}/modeldatacaches?{sel}")
+    since = variant()["gateSince"]
+    op = start_process(argv, tmp_path / "operator-2.log")
+    try:
+        world.kube.wait_for("3 passes after the restart", lambda: _reconciles(port, "restart") >= 3,
+                            timeout=60)  # fmt: skip
+    finally:
+        op.stop(10)
+    assert [c["metadata"]["uid"] for c in world.items(f"{API}/modeldatacaches?{sel}")] == [
+        cache["metadata"]["uid"]
+    ]
+    assert world.items(f"{APPS}/deployments?{sel}") == []
+    assert variant()["gateSince"] == since
