@@ -25,25 +25,20 @@ How one file is fetched (``fetch_blob``):
 
 Correctness never depends on the per-blob lock: the lock only makes two pullers of the
 same blob fetch it once; a published blob is always a complete, verified file.
+
+This module is the fetch path; its parts: :mod:`.fill_progress` (counters, the range
+bookkeeping and hashing, resume state), :mod:`.fill_limits` (connection slots, rate
+limit, per-blob lock), :mod:`.fill_publish` (publishing into ``blobs/``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import errno
-import fcntl
 import functools
-import hashlib
-import heapq
-import json
-import mmap
 import os
-import threading
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,214 +56,28 @@ from preheat.errors import (
     TruncatedBody,
 )
 from preheat.sources.base import Location, Source, Unsupported
+from preheat.store.fill_limits import RateLimiter, Slots, lock_file, unlock_file
+from preheat.store.fill_progress import FillStats, Progress, load_state, save_state, start_writeback
+from preheat.store.fill_publish import discard, fsync_dirs, publish_file, publish_part
 from preheat.store.layout import Layout
 
+__all__ = [
+    "DEFAULT_CHUNK",
+    "RETRYABLE",
+    "FillContext",
+    "FillStats",
+    "RateLimiter",
+    "Slots",
+    "fetch_blob",
+    "fsync_dirs",
+    "lock_file",
+    "publish_file",
+    "unlock_file",
+]
+
 DEFAULT_CHUNK = 32 << 20
-_HASH_READ = 8 << 20
 RETRYABLE: tuple[type[BaseException], ...] = (OriginUnavailable, TruncatedBody, TimeoutError)
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # a filled disk, not a failed origin
-
-_libc = None
-with contextlib.suppress(OSError, AttributeError):
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-
-
-def _start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing a range back to disk without waiting (Linux)."""
-    if _libc is not None:
-        _libc.sync_file_range(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE
-
-
-@dataclass
-class FillStats:
-    """Byte counters of one pull, updated from the event loop thread."""
-
-    total: int = 0
-    fetched: int = 0
-    resumed: int = 0
-    reused: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def done(self) -> int:
-        return self.fetched + self.resumed + self.reused
-
-
-class RateLimiter:
-    """A token bucket over every connection of a pull: at most ``rate`` bytes/s on average."""
-
-    def __init__(self, rate: float, burst: float | None = None) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate limit {rate} must be > 0 bytes/s")
-        self.rate = rate
-        self.burst = burst if burst is not None else max(rate * 0.1, 1 << 20)
-        self._next = 0.0
-
-    async def take(self, n: int) -> None:
-        now = time.monotonic()
-        self._next = max(self._next, now - self.burst / self.rate) + n / self.rate
-        delay = self._next - now
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-
-class _Progress:
-    """Thread-safe bookkeeping of one partial file: bytes written per range, and the
-    contiguous prefix the hasher may read."""
-
-    def __init__(self, size: int, chunk: int, done: set[int]) -> None:
-        self.size = size
-        self.chunk = chunk
-        self.n = max(1, -(-size // chunk))
-        self.filled = [self.length(i) if i in done else 0 for i in range(self.n)]
-        self.cond = threading.Condition()
-        self.first = 0
-        self.cancelled = False
-        self.writebacks: list[asyncio.Future[None]] = []
-        self._advance_first()
-
-    def length(self, i: int) -> int:
-        return min(self.size, (i + 1) * self.chunk) - i * self.chunk
-
-    def _advance_first(self) -> None:
-        while self.first < self.n and self.filled[self.first] >= self.length(self.first):
-            self.first += 1
-
-    @property
-    def watermark(self) -> int:
-        if self.first >= self.n:
-            return self.size
-        return self.first * self.chunk + self.filled[self.first]
-
-    def wrote(self, i: int, n: int) -> None:
-        self.filled[i] += n
-        if i == self.first:
-            with self.cond:
-                self._advance_first()
-                self.cond.notify_all()
-
-    def cancel(self) -> None:
-        with self.cond:
-            self.cancelled = True
-            self.cond.notify_all()
-
-    def hash_following(self, fd: int) -> str | None:
-        """Runs in a thread: sha256 of the file as its contiguous prefix grows.
-
-        Reads through a read-only mmap of the file, so hashing costs no copy out of the
-        page cache (hashlib releases the GIL on large buffers)."""
-        h = hashlib.sha256()
-        if self.size == 0:
-            return h.hexdigest()
-        mm = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
-        with contextlib.suppress(OSError, AttributeError):
-            mm.madvise(mmap.MADV_SEQUENTIAL)
-        view = memoryview(mm)
-        try:
-            pos = 0
-            while pos < self.size:
-                with self.cond:
-                    while self.watermark <= pos and not self.cancelled:
-                        self.cond.wait(0.25)
-                    if self.cancelled:
-                        return None
-                    wm = self.watermark
-                while pos < wm:
-                    n = min(_HASH_READ, wm - pos)
-                    h.update(view[pos : pos + n])
-                    pos += n
-            return h.hexdigest()
-        finally:
-            view.release()
-            mm.close()
-
-
-class Slots:
-    """A counting semaphore whose waiters are served lowest ``priority`` first.
-
-    Ranges ask with priority (range index, file sequence): the first ranges of every file
-    in flight go before the later ranges of any, so several files fill side by side and
-    their hash threads work in parallel instead of one after another."""
-
-    def __init__(self, n: int) -> None:
-        self._free = n
-        self._waiters: list[tuple[tuple[int, int], int, asyncio.Future[None]]] = []
-        self._seq = 0
-
-    async def acquire(self, priority: tuple[int, int]) -> None:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._seq += 1
-        heapq.heappush(self._waiters, (priority, self._seq, fut))
-        try:
-            await fut
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.release()  # we were handed a slot as we got cancelled
-            else:
-                self._waiters = [w for w in self._waiters if w[2] is not fut]
-                heapq.heapify(self._waiters)
-            raise
-
-    def release(self) -> None:
-        while self._waiters:
-            _, _, fut = heapq.heappop(self._waiters)
-            if not fut.done():
-                fut.set_result(None)
-                return
-        self._free += 1
-
-    @contextlib.asynccontextmanager
-    async def slot(self, priority: tuple[int, int]) -> AsyncIterator[None]:
-        await self.acquire(priority)
-        try:
-            yield
-        finally:
-            self.release()
-
-
-async def lock_file(path: Path, poll: float = 0.05) -> int:
-    """Take an exclusive ``flock`` on ``path`` (created if missing) without blocking the loop."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                await asyncio.sleep(poll)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def unlock_file(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
-def _load_state(path: Path, size: int, chunk: int, fingerprint: str) -> set[int]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return set()
-    if data.get("size") != size or data.get("chunk") != chunk or data.get("fp") != fingerprint:
-        return set()
-    return {int(i) for i in data.get("done", [])}
-
-
-def _save_state(path: Path, size: int, chunk: int, fingerprint: str, done: set[int]) -> None:
-    # unique per call: ranges finish in threads at once (an older list winning only means
-    # a resume fetches a range again)
-    tmp = path.with_name(f"{path.name}.{threading.get_ident()}.new")
-    tmp.write_text(
-        json.dumps({"size": size, "chunk": chunk, "fp": fingerprint, "done": sorted(done)})
-    )
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -318,7 +127,7 @@ async def fetch_blob(
     except OSError as exc:
         if exc.errno not in _DISK_FULL:
             raise
-        _discard(ctx.layout.tmp / f"{key}.part", ctx.layout.tmp / f"{key}.json")
+        discard(ctx.layout.tmp / f"{key}.part", ctx.layout.tmp / f"{key}.json")
         raise _disk_full(ctx, location, None, exc) from exc
     finally:
         if ctx.peers is not None:
@@ -338,14 +147,14 @@ async def _fetch_blob(
     part = ctx.layout.tmp / f"{key}.part"
     state = ctx.layout.tmp / f"{key}.json"
     chunk = ctx.chunk
-    done = _load_state(state, size, chunk, location.fingerprint) if part.exists() else set()
+    done = load_state(state, size, chunk, location.fingerprint) if part.exists() else set()
     fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         while True:
             if not done:
                 os.ftruncate(fd, 0)
             os.ftruncate(fd, size)
-            prog = _Progress(size, chunk, done)
+            prog = Progress(size, chunk, done)
             resumed = sum(prog.length(i) for i in done)
             ctx.stats.resumed += resumed
             hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd)
@@ -372,7 +181,7 @@ async def _fetch_blob(
                 if isinstance(first, OriginChanged | InsufficientSpace):
                     os.close(fd)
                     fd = -1
-                    _discard(part, state)
+                    discard(part, state)
                 if first is exc:
                     raise
                 raise first from None
@@ -382,7 +191,7 @@ async def _fetch_blob(
         if expected is not None and actual != expected:
             os.close(fd)
             fd = -1
-            _discard(part, state)
+            discard(part, state)
             raise DigestMismatch(path, expected, actual)
         if ctx.fsync:
             if prog.writebacks:
@@ -393,14 +202,8 @@ async def _fetch_blob(
         if fd >= 0:
             os.close(fd)
     # a rename and an unlink wait on the filesystem journal: not on the event loop
-    await loop.run_in_executor(ctx.executor, _publish_part, ctx, part, state, actual)
+    await loop.run_in_executor(ctx.executor, publish_part, ctx, part, state, actual)
     return actual
-
-
-def _publish_part(ctx: FillContext, part: Path, state: Path, digest: str) -> None:
-    publish_file(ctx.layout, part, digest, ctx.dirty_dirs if ctx.fsync else None)
-    with contextlib.suppress(FileNotFoundError):
-        state.unlink()
 
 
 def _disk_full(
@@ -421,46 +224,13 @@ def _disk_full(
     return err
 
 
-def _discard(*paths: Path) -> None:
-    for p in paths:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-
-
-def publish_file(layout: Layout, src: Path, digest: str, dirty: set[Path] | None = None) -> Path:
-    """Atomically move a verified file into ``blobs/`` (keeping an existing blob).
-
-    The directory that changed is added to ``dirty``; the caller fsyncs those once,
-    before it commits the snapshot (a directory fsync forces a journal commit, far too
-    slow to do per blob on the event loop)."""
-    dest = layout.blob(digest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists():
-        src.unlink()
-        return dest
-    os.replace(src, dest)
-    if dirty is not None:
-        dirty.add(dest.parent)
-    return dest
-
-
-def fsync_dirs(dirs: set[Path]) -> None:
-    """fsync each directory (makes renames into them durable)."""
-    for d in sorted(dirs):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _can_direct(source: Source, location: Location) -> bool:
     check = getattr(source, "can_direct", None)
     return bool(check is not None and check(location))
 
 
 async def _fetch_direct(
-    ctx: FillContext, prog: _Progress, fd: int, location: Location, i: int, pos: int, end: int
+    ctx: FillContext, prog: Progress, fd: int, location: Location, i: int, pos: int, end: int
 ) -> None:
     """The zero-copy path: the source moves the bytes straight into ``fd`` (splice(2) for
     http://, copy_file_range(2) for file://)."""
@@ -476,7 +246,7 @@ async def _fetch_direct(
 
 async def _fetch_range(
     ctx: FillContext,
-    prog: _Progress,
+    prog: Progress,
     fd: int,
     location: Location,
     i: int,
@@ -495,19 +265,19 @@ async def _fetch_range(
         await _from_source(ctx, prog, fd, location, i, start, end, slot=(i, seq))
     done.add(i)
     await asyncio.get_running_loop().run_in_executor(
-        ctx.executor, _save_state, state, prog.size, prog.chunk, location.fingerprint, set(done)
+        ctx.executor, save_state, state, prog.size, prog.chunk, location.fingerprint, set(done)
     )
     if ctx.fsync:  # start writing this range to disk now, so the final fsync is short
         prog.writebacks.append(
             asyncio.get_running_loop().run_in_executor(
-                ctx.executor, _start_writeback, fd, start, end - start
+                ctx.executor, start_writeback, fd, start, end - start
             )
         )
 
 
 async def _from_source(
     ctx: FillContext,
-    prog: _Progress,
+    prog: Progress,
     fd: int,
     location: Location,
     i: int,

@@ -1,0 +1,142 @@
+"""The node agent's warm-ups: one asyncio task per wanted revision (at most
+``max_warmups`` filling at once), retried with capped exponential back-off while the
+origin fails; and the pins and priorities the targeting caches ask of the store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from preheat.artifacts.refs import redact_url
+from preheat.errors import PreheatError
+from preheat.runtime.kubernetes.agent_config import AgentConfig
+from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
+from preheat.store import NodeStore
+from preheat.telemetry.inventory import WarmupFailure
+
+__all__ = ["Warm", "Warmups"]
+
+log = logging.getLogger("preheat.agent")
+
+
+@dataclass
+class Warm:
+    """One revision being warmed (or retried)."""
+
+    source: str
+    revision: str | None
+    state: str = "Filling"
+    done: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+class Warmups:
+    """The warm-ups in flight (``warms``), the revisions sources resolved to and the last
+    failure; owned by the ``NodeAgent``, which says what is wanted."""
+
+    def __init__(
+        self, cfg: AgentConfig, store: NodeStore, metrics: AgentMetrics, dirty: asyncio.Event
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.metrics = metrics
+        self.warms: dict[str, Warm] = {}
+        self.last_failure: WarmupFailure | None = None
+        #: source -> revision it resolved to, for caches that name no revision.
+        self.resolved: dict[str, str] = {}
+        self._dirty = dirty
+        self._sem = asyncio.Semaphore(cfg.max_warmups)
+
+    def apply_policies(self, targeting: list[dict[str, Any]]) -> None:
+        """Pin a held snapshot while a targeting cache says ``pin``, give it the highest
+        ``priority`` any of them asks for; a snapshot no cache wants is unpinned, priority 0
+        (the agent owns the store in Kubernetes mode)."""
+        pin: dict[str, bool] = {}
+        prio: dict[str, int] = {}
+        for spec in targeting:
+            rev = spec.get("revision") or self.resolved.get(spec["source"])
+            if rev is None:
+                continue
+            pin[rev] = pin.get(rev, False) or bool(spec.get("pin"))
+            prio[rev] = max(prio.get(rev, 0), int(spec.get("priority") or 0))
+        for info in self.store.snapshots():
+            keys = [*info.revisions, info.digest]
+            want_pin = any(pin.get(k, False) for k in keys)
+            want_prio = max((prio.get(k, 0) for k in keys), default=0)
+            if info.pinned != want_pin:
+                (self.store.pin if want_pin else self.store.unpin)(info.digest)
+            if info.priority != want_prio:
+                self.store.set_priority(info.digest, want_prio)
+
+    def held(self, key: str) -> bool:
+        """Whether the store holds the snapshot ``key`` (revision or digest)."""
+        try:
+            return self.store.has(key)
+        except PreheatError:
+            return False
+
+    def ensure(self, wanted: dict[str, tuple[str, str | None]]) -> None:
+        """One task per wanted ``key -> (source, revision)`` not held yet; cancel the rest."""
+        for key, (source, rev) in wanted.items():
+            w = self.warms.get(key)
+            if w is not None and (w.source, w.revision) == (source, rev):
+                continue
+            if w is not None and w.task is not None:
+                w.task.cancel()
+            resolved = rev or self.resolved.get(source)
+            if resolved is not None and self.held(resolved):
+                self.warms.pop(key, None)
+                continue
+            w = Warm(source, rev)
+            w.task = asyncio.create_task(self._warm(key, w), name=f"warm {key}")
+            self.warms[key] = w
+        for key in set(self.warms) - set(wanted):
+            task = self.warms.pop(key).task
+            if task is not None:
+                task.cancel()
+
+    def cancel_all(self) -> None:
+        for w in self.warms.values():
+            if w.task is not None:
+                w.task.cancel()
+
+    async def _warm(self, key: str, w: Warm) -> None:
+        delay = self.cfg.backoff_s
+        while True:
+            try:
+                async with self._sem:
+                    w.state, w.done = "Filling", 0
+                    self._dirty.set()
+
+                    def progress(done: int, total: int) -> None:
+                        w.done = done
+
+                    res = await self.store.apull(w.source, revision=w.revision, progress=progress)
+                self.metrics.fetched.inc(res.bytes_fetched)
+                self.resolved[w.source] = res.revision
+                self.metrics.warmups.labels("ok").inc()
+                log.info(
+                    "warmed %s: %d bytes fetched, %d reused",
+                    res.revision,
+                    res.bytes_fetched,
+                    res.bytes_reused,
+                )
+                if self.warms.get(key) is w:
+                    del self.warms[key]
+                self._dirty.set()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # every failure is retried; the reason is reported
+                self.metrics.warmups.labels("failed").inc()
+                w.state = "Failed"
+                reason = f"{type(exc).__name__}: {exc}"
+                self.last_failure = WarmupFailure(w.revision or w.source, reason, time.time())
+                log.warning("warm-up of %s failed, retry in %.1f s: %s",
+                            redact_url(key), delay, self.last_failure.reason)  # fmt: skip
+                self._dirty.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.cfg.backoff_max_s)
