@@ -156,6 +156,9 @@ class Puller:
         t0 = time.monotonic()
         r = parse_ref(ref)
         source = open_source(r, endpoint_url=endpoint_url, connections=opts.connections)
+        bind = getattr(source, "bind_store", None)
+        if bind is not None:  # oci:// keeps tar-layer listings and staging in the store
+            bind(self.layout)
         try:
             res = await source.resolve()
             if revision is not None and res.revision != revision:

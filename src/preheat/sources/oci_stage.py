@@ -1,0 +1,143 @@
+"""Tar layers fetched once, verified, unpacked into a staging directory; listings kept.
+
+A snapshot file that lives inside a tar layer has no URL of its own: ``LayerStager``
+downloads the whole layer (resuming after a dropped connection), checks its sha256
+against the layer digest *before* reading a byte of the tar, and unpacks it with
+``oci_layers.scan_layer`` into a staging directory, each file once under its sha256.
+The fill then copies a file from there and verifies it again on its way into the store.
+
+The listing of a layer (its ``LayerDiff``: paths, sizes, sha256s, whiteouts) depends on
+the layer's bytes alone, so it is kept under ``<store>/oci-layers/<mode>-<digest>.json``
+once the source is bound to a store (``bind_store``, called by the puller). The next
+revision that reuses the layer resolves without fetching it, and when the store holds
+every blob of it, nothing of it moves at all. Unbound (``preheat cache resolve``), the
+listing lives in memory and staging in the system temp dir.
+
+Staging lives in ``<store>/tmp/oci-<random>/`` (the store's filesystem, so the copy
+into ``blobs/`` is local) and is removed by ``aclose``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from preheat.errors import ImageDigestMismatch, OriginUnavailable, TruncatedBody
+from preheat.images.client import RegistryClient
+from preheat.images.manifest import Descriptor
+from preheat.sources.oci_layers import LayerDiff, Mode, scan_layer
+
+
+class LayerStager:
+    """Tar layers of one registry repository (see the module docstring)."""
+
+    def __init__(self, client: RegistryClient) -> None:
+        self.client = client
+        self._root: Path | None = None
+        self._staging: Path | None = None
+        self._diffs: dict[str, LayerDiff] = {}
+        self._staged: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.fetched = 0  # layer bytes downloaded (tests and stats)
+
+    def bind_store(self, root: Path) -> None:
+        self._root = root
+
+    def _listing(self, key: str) -> Path | None:
+        return None if self._root is None else self._root / "oci-layers" / f"{key}.json"
+
+    def staging(self) -> Path:
+        if self._staging is None:
+            if self._root is not None and (self._root / "tmp").is_dir():
+                self._staging = self._root / "tmp" / f"oci-{uuid.uuid4().hex[:12]}"
+                self._staging.mkdir()
+            else:
+                self._staging = Path(tempfile.mkdtemp(prefix="preheat-oci-"))
+        return self._staging
+
+    def staged_file(self, sha256: str) -> Path:
+        return self.staging() / sha256
+
+    async def diff(self, d: Descriptor, compression: str, mode: Mode, where: str) -> LayerDiff:
+        """The layer's listing: remembered, else read from the store, else fetched."""
+        key = f"{mode}-{d.hex}"
+        if key in self._diffs:
+            return self._diffs[key]
+        path = self._listing(key)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+                doc: Any = json.loads(await asyncio.to_thread(path.read_text))
+                self._diffs[key] = LayerDiff.from_json(doc)
+                return self._diffs[key]
+        return await self.stage(d, compression, mode, where)
+
+    async def stage(self, d: Descriptor, compression: str, mode: Mode, where: str) -> LayerDiff:
+        """Fetch, verify and unpack the layer (once per source) and keep its listing."""
+        key = f"{mode}-{d.hex}"
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key in self._staged:
+                return self._diffs[key]
+            staging = self.staging()
+            blob = staging / f".layer-{d.hex}"
+            try:
+                await self._download(d, blob, where)
+                diff = await asyncio.to_thread(
+                    scan_layer, blob, d.media_type, compression, mode, staging, where
+                )
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    blob.unlink()
+            self._diffs[key] = diff
+            self._staged.add(key)
+            path = self._listing(key)
+            if path is not None:
+                await asyncio.to_thread(_write_json, path, diff.to_json())
+            return diff
+
+    async def _download(self, d: Descriptor, dest: Path, where: str) -> None:
+        url = self.client.url("blobs", d.digest)
+        h = hashlib.sha256()
+        pos, attempt = 0, 0
+        with open(dest, "wb") as f:
+            while pos < d.size:
+                try:
+                    async for chunk in self.client.blob(url, pos, d.size):
+                        await asyncio.to_thread(_put, f, h, chunk)
+                        pos += len(chunk)
+                        self.fetched += len(chunk)
+                except (OriginUnavailable, TruncatedBody):
+                    attempt += 1
+                    if attempt > self.client.retries:
+                        raise
+                    await asyncio.sleep(min(5.0, self.client.backoff * 2 ** (attempt - 1)))
+        if h.hexdigest() != d.hex:
+            raise ImageDigestMismatch(
+                f"{where}: layer {d.digest} from the registry hashes to sha256:{h.hexdigest()}; "
+                "refused before unpacking, nothing was published"
+            )
+
+    async def aclose(self) -> None:
+        if self._staging is not None:
+            await asyncio.to_thread(shutil.rmtree, self._staging, True)
+            self._staging = None
+            self._staged.clear()
+
+
+def _put(f: Any, h: Any, chunk: bytes) -> None:
+    f.write(chunk)
+    h.update(chunk)
+
+
+def _write_json(path: Path, doc: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    os.replace(tmp, path)
