@@ -559,9 +559,11 @@ def registry(root: Path | None = None, *, _auth: str = "") -> Iterator[Registry]
 
 
 @contextlib.contextmanager
-def image_mirror(store: Path, upstream: str | None, log: Path) -> Iterator[int]:
+def image_mirror(
+    store: Path, upstream: str | None, log: Path, *, tag_ttl: float | None = None
+) -> Iterator[int]:
     """Run ``preheat image serve --store STORE`` (a real process) on a free port; yields
-    the port, stops the process by PID on exit."""
+    the port, stops the process by PID on exit. ``tag_ttl``: its ``--tag-ttl``."""
     import sys
 
     def argv(p: int) -> list[str]:
@@ -576,7 +578,8 @@ def image_mirror(store: Path, upstream: str | None, log: Path) -> Iterator[int]:
             "--port",
             str(p),
         ]
-        return cmd + (["--upstream", upstream] if upstream else [])
+        ttl = ["--tag-ttl", str(tag_ttl)] if tag_ttl is not None else []
+        return cmd + (["--upstream", upstream] if upstream else []) + ttl
 
     proc, port = start_server(argv, health="/v2/", log=log, timeout=30, what="image mirror")
     try:
