@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from preheat.errors import ImageDigestMismatch, NoModelFiles, UnsafePath
+from preheat.errors import ImageDigestMismatch, NoModelFiles, Revoked, UnsafePath
 from preheat.store.store import NodeStore
 from preheat.testing.registry import (
     ModelLayer,
@@ -265,3 +265,18 @@ def test_an_image_with_nothing_under_models_is_refused(reg: Registry, tmp_path: 
     reg.push(layout.path, "team/app:v1")
     with pytest.raises(NoModelFiles, match=r"no files under /models.*image pull"):
         NodeStore(tmp_path / "store").pull(f"oci://{reg.ref('team/app:v1')}")
+
+
+def test_a_revoked_tar_layer_is_refused_before_it_is_fetched(reg: Registry, tmp_path: Path) -> None:
+    """Revoking a tar layer's digest (a withdrawn base layer) refuses every model that
+    has it with "revoked", before the layer is downloaded."""
+    from preheat.store.revoke import revoke
+
+    layer = tar_layer([("w.bin", b"bad" * 1000)], "gzip")
+    reg.push_model_layers("models/withdrawn:v1", [ModelLayer(WEIGHT + "+gzip", layer)])
+    digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    store = NodeStore(tmp_path / "store")
+    revoke(store._db, store._space, digest, "CVE-0000")
+    with pytest.raises(Revoked, match=r"revoked: sha256:[0-9a-f]{64} .*CVE-0000"):
+        store.pull(f"oci://{reg.ref('models/withdrawn:v1')}")
+    assert reg.requests(f"/blobs/{digest}") == [] and store.snapshots() == []

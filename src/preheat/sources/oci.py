@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from urllib.parse import urlsplit
 
 from preheat.artifacts.manifest import FileEntry, Manifest, check_relpath
 from preheat.artifacts.refs import ArtifactRef, redact_url
-from preheat.errors import NoModelFiles, TruncatedBody, UnsafePath, UnsupportedMediaType
+from preheat.errors import NoModelFiles, Revoked, TruncatedBody, UnsafePath, UnsupportedMediaType
 from preheat.images.auth import Credentials, load_credentials
 from preheat.images.client import RegistryClient
 from preheat.images.manifest import (
@@ -175,10 +176,25 @@ class OciSource(RegistryBlobSource):
         self.layers = LayerStager(self.client)
         # tar-member URL -> (layer, compression, mode, sha256 of the file)
         self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
+        self._revoked: dict[str, tuple[str, float]] = {}
 
-    def bind_store(self, layout: Any) -> None:
-        """Keep tar-layer listings and staging in the store (the puller calls this)."""
+    def bind_store(self, layout: Any, revoked: Mapping[str, tuple[str, float]]) -> None:
+        """Keep tar-layer listings and staging in the store, and refuse what its
+        revocation list names (digest -> (reason, since)) before fetching any layer (the
+        puller calls this; the store checks the extracted files itself)."""
         self.layers.bind_store(Path(layout.root))
+        self._revoked = dict(revoked)
+
+    def _refuse(self, digests: list[str], store: Path | None) -> None:
+        for k in digests:
+            if k in self._revoked:
+                reason, since = self._revoked[k]
+                when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(since))
+                raise Revoked(
+                    f"{self.ref.display} is revoked: {k} is on this store's revocation list "
+                    f"since {when} ({reason}); nothing was fetched. Pull another version, or "
+                    f"allow it again with `preheat image unrevoke {k} --store {store}`"
+                )
 
     async def aclose(self) -> None:
         await self.layers.aclose()
@@ -211,12 +227,20 @@ class OciSource(RegistryBlobSource):
         got = await self.client.manifest(ref.reference)
         doc = load(got.body, f"{ref.name}@{got.digest}")
         mt = media_type_of(doc, got.media_type)
+        self._refuse([got.digest], self.layers.root)
         if mt in INDEXES:  # a multi-platform modelcar: the node's platform
             plat = self.platform or _node_platform()
             desc = choose_platform(doc, plat, ref.text)
             got = await self.client.manifest(desc.digest)
             doc = load(got.body, f"{ref.name}@{got.digest}")
             mt = media_type_of(doc, got.media_type)
+        raw = doc.get("layers")
+        digests = (
+            [str(x.get("digest")) for x in raw if isinstance(x, dict)]
+            if isinstance(raw, list)
+            else []
+        )
+        self._refuse([got.digest, *digests], self.layers.root)
         config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
         config_mt = config.get("mediaType") if isinstance(config, dict) else None
         if doc.get("artifactType") == MODEL_MANIFEST or config_mt == MODEL_CONFIG:

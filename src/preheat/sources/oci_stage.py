@@ -51,6 +51,11 @@ class LayerStager:
     def bind_store(self, root: Path) -> None:
         self._root = root
 
+    @property
+    def root(self) -> Path | None:
+        """The store this stager keeps listings in (None: unbound)."""
+        return self._root
+
     def _listing(self, key: str) -> Path | None:
         return None if self._root is None else self._root / "oci-layers" / f"{key}.json"
 
