@@ -280,3 +280,25 @@ def test_a_revoked_tar_layer_is_refused_before_it_is_fetched(reg: Registry, tmp_
     with pytest.raises(Revoked, match=r"revoked: sha256:[0-9a-f]{64} .*CVE-0000"):
         store.pull(f"oci://{reg.ref('models/withdrawn:v1')}")
     assert reg.requests(f"/blobs/{digest}") == [] and store.snapshots() == []
+
+
+def test_staging_left_by_a_killed_pull_is_swept(reg: Registry, tmp_path: Path) -> None:
+    """A staging dir whose owner is gone (its lock free) is removed by the next tar pull;
+    one whose lock is held (a live pull) stays."""
+    import fcntl
+    import os
+
+    reg.push_model_layers("models/sweep:v1", [ModelLayer(WEIGHT, tar_layer([("w.bin", b"w")]))])
+    store = NodeStore(tmp_path / "store")
+    dead, live = store.root / "tmp" / "oci-dead", store.root / "tmp" / "oci-live"
+    for d in (dead, live):
+        d.mkdir()
+        (d / ".lock").touch()
+        (d / ("0" * 64)).write_bytes(b"staged")
+    fd = os.open(live / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        store.pull(f"oci://{reg.ref('models/sweep:v1')}")
+        assert not dead.exists() and (live / ("0" * 64)).is_file()
+    finally:
+        os.close(fd)

@@ -14,18 +14,24 @@ every blob of it, nothing of it moves at all. Unbound (``preheat cache resolve``
 listing lives in memory and staging in the system temp dir.
 
 Staging lives in ``<store>/tmp/oci-<random>/`` (the store's filesystem, so the copy
-into ``blobs/`` is local) and is removed by ``aclose``.
+into ``blobs/`` is local) and is removed by ``aclose``. Its owner holds an ``flock`` on
+``.lock`` inside it; a new stager removes every other ``oci-*`` directory whose lock
+nobody holds (what a killed pull left behind). Peak disk use of a pull is about the
+unpacked size of its new tar layers twice (staging, then the store's blobs) plus one
+compressed layer; the staging is not part of the store's space reservation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -46,6 +52,7 @@ class LayerStager:
         self._diffs: dict[str, LayerDiff] = {}
         self._staged: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._lock: int | None = None
         self.fetched = 0  # layer bytes downloaded (tests and stats)
 
     def bind_store(self, root: Path) -> None:
@@ -62,10 +69,15 @@ class LayerStager:
     def staging(self) -> Path:
         if self._staging is None:
             if self._root is not None and (self._root / "tmp").is_dir():
-                self._staging = self._root / "tmp" / f"oci-{uuid.uuid4().hex[:12]}"
-                self._staging.mkdir()
+                tmp = self._root / "tmp"
+                staging = Path(tempfile.mkdtemp(prefix="oci-", dir=tmp))
             else:
-                self._staging = Path(tempfile.mkdtemp(prefix="preheat-oci-"))
+                staging = Path(tempfile.mkdtemp(prefix="preheat-oci-"))
+            self._lock = os.open(staging / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+            self._staging = staging
+            if self._root is not None:
+                _sweep(staging.parent, staging)
         return self._staging
 
     def staged_file(self, sha256: str) -> Path:
@@ -134,6 +146,33 @@ class LayerStager:
             await asyncio.to_thread(shutil.rmtree, self._staging, True)
             self._staging = None
             self._staged.clear()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _sweep(tmp: Path, mine: Path, grace: float = 60.0) -> None:
+    """Remove ``oci-*`` staging dirs under ``tmp`` whose owner is gone (lock free)."""
+    for d in tmp.glob("oci-*"):
+        if d == mine or not d.is_dir():
+            continue
+        try:
+            fd = os.open(d / ".lock", os.O_RDWR)
+        except FileNotFoundError:  # being created right now, or a crash before the lock
+            with contextlib.suppress(OSError):
+                if time.time() - d.stat().st_mtime > grace:
+                    shutil.rmtree(d, ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live pull owns it
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _put(f: Any, h: Any, chunk: bytes) -> None:
