@@ -2,8 +2,8 @@
 
 A cached image answers for its tag as the tag resolved at its last pull. With an
 upstream and ``ttl > 0``, a tag whose resolution is older than ``ttl`` is asked again
-(``HEAD /v2/<name>/manifests/<tag>``, the client's ``Accept`` and ``Authorization``
-forwarded): the same digest renews it; a new digest makes the mirror serve the tag as a
+(``HEAD /v2/<name>/manifests/<tag>`` accepting every type the pull accepts, the
+client's ``Authorization`` forwarded): the same digest renews it; a new digest makes the mirror serve the tag as a
 miss (the manifest is fetched through from the upstream, and the client then asks for
 the new blobs by digest) until an image with that digest is in the store. An upstream
 that cannot answer (down, 401, 5xx) leaves the last resolution in place and is asked
@@ -93,7 +93,9 @@ class TagRefresher:
     async def _head(
         self, session: aiohttp.ClientSession, name: str, tag: str, headers: Mapping[str, str]
     ) -> str | None:
-        sent = {"Accept": headers.get("Accept") or ACCEPT}
+        # every type, as the pull resolved it: the client's own Accept could name a
+        # different object (a platform manifest instead of the index) for the same tag
+        sent = {"Accept": ACCEPT}
         if "Authorization" in headers:
             sent["Authorization"] = headers["Authorization"]
         try:
