@@ -59,7 +59,6 @@ from preheat.sources.oci_layers import (
     IMAGE_TAR_LAYERS,
     MODEL_TAR_LAYERS,
     MODELCAR_ROOT,
-    LayerDiff,
     Member,
     Mode,
     apply_layers,
@@ -263,14 +262,13 @@ class OciSource(RegistryBlobSource):
             raise UnsupportedMediaType(f"{where}: a model needs at least one layer")
         files: dict[str, _File] = {}
         taken: dict[str, str] = {}
-        tars: list[tuple[str, LayerDiff, Descriptor]] = []
+        wanted: list[tuple[Descriptor, str, Mode, str]] = []
         for i, obj in enumerate(layers):
             at = f"{where} layers[{i}]"
             d = _layer(obj, at)
             if d.media_type in MODEL_TAR_LAYERS:
                 _annotated(obj, at)  # informational for a tar layer, but it must be safe
-                diff = await self.layers.diff(d, MODEL_TAR_LAYERS[d.media_type], "model", at)
-                tars.append((at, diff, d))
+                wanted.append((d, MODEL_TAR_LAYERS[d.media_type], "model", at))
                 continue
             path = _path(obj, at)
             if path in taken:
@@ -278,6 +276,8 @@ class OciSource(RegistryBlobSource):
             taken[path] = at
             url = self.client.url("blobs", d.digest)
             files[path] = (d.size, d.hex, Location(url=url, fingerprint=f"sha256\0{d.hex}"))
+        got = await self.layers.diffs(wanted)  # every raw layer checked before any download
+        tars = [(at, diff, d) for (d, _, _, at), diff in zip(wanted, got, strict=True)]
         merged = merge_models([(at, diff) for at, diff, _ in tars], taken)
         by_where = {at: d for at, _, d in tars}
         for path, m in merged.items():
@@ -297,11 +297,12 @@ class OciSource(RegistryBlobSource):
                 f"{mt!r}, artifactType {doc.get('artifactType')!r}, config {config_mt!r})"
             )
         image = parse_manifest(doc, Descriptor(mt, digest, 0), where)
-        diffs: list[tuple[str, LayerDiff, Descriptor]] = []
-        for i, d in enumerate(image.layers):
-            at = f"{where} layers[{i}]"
-            comp = IMAGE_TAR_LAYERS[d.media_type]
-            diffs.append((at, await self.layers.diff(d, comp, "modelcar", at), d))
+        wanted: list[tuple[Descriptor, str, Mode, str]] = [
+            (d, IMAGE_TAR_LAYERS[d.media_type], "modelcar", f"{where} layers[{i}]")
+            for i, d in enumerate(image.layers)
+        ]
+        got = await self.layers.diffs(wanted)
+        diffs = [(at, diff, d) for (d, _, _, at), diff in zip(wanted, got, strict=True)]
         owner: dict[str, Descriptor] = {}
         for _at, diff, d in diffs:  # which layer's staging holds each file's bytes
             for m in diff.members:

@@ -53,7 +53,6 @@ class LayerStager:
         self._staged: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock: int | None = None
-        self.fetched = 0  # layer bytes downloaded (tests and stats)
 
     def bind_store(self, root: Path) -> None:
         self._root = root
@@ -82,6 +81,25 @@ class LayerStager:
 
     def staged_file(self, sha256: str) -> Path:
         return self.staging() / sha256
+
+    async def diffs(
+        self, layers: list[tuple[Descriptor, str, Mode, str]], parallel: int = 4
+    ) -> list[LayerDiff]:
+        """``diff`` of every ``(layer, compression, mode, where)``, ``parallel`` at a
+        time (downloads overlap; unpacking runs in threads); the first failure cancels
+        the rest."""
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(d: Descriptor, comp: str, mode: Mode, where: str) -> LayerDiff:
+            async with gate:
+                return await self.diff(d, comp, mode, where)
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(one(*x)) for x in layers]
+        except BaseExceptionGroup as eg:
+            raise _first(eg) from None  # callers catch UnsafePath, ImageDigestMismatch...
+        return [t.result() for t in tasks]
 
     async def diff(self, d: Descriptor, compression: str, mode: Mode, where: str) -> LayerDiff:
         """The layer's listing: remembered, else read from the store, else fetched."""
@@ -125,12 +143,20 @@ class LayerStager:
         pos, attempt = 0, 0
         with open(dest, "wb") as f:
             while pos < d.size:
+                buf: list[bytes] = []
+                held = 0
                 try:
                     async for chunk in self.client.blob(url, pos, d.size):
-                        await asyncio.to_thread(_put, f, h, chunk)
-                        pos += len(chunk)
-                        self.fetched += len(chunk)
+                        buf.append(chunk)
+                        held += len(chunk)
+                        if held >= _BATCH:  # write and hash in a thread, 4 MiB at a time
+                            await asyncio.to_thread(_put, f, h, b"".join(buf))
+                            pos, held, buf = pos + held, 0, []
+                    await asyncio.to_thread(_put, f, h, b"".join(buf))
+                    pos, held, buf = pos + held, 0, []
                 except (OriginUnavailable, TruncatedBody):
+                    await asyncio.to_thread(_put, f, h, b"".join(buf))  # keep what arrived
+                    pos += held
                     attempt += 1
                     if attempt > self.client.retries:
                         raise
@@ -173,6 +199,23 @@ def _sweep(tmp: Path, mine: Path, grace: float = 60.0) -> None:
             shutil.rmtree(d, ignore_errors=True)
         finally:
             os.close(fd)
+
+
+_BATCH = 4 << 20
+
+
+def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first real failure in a task group's exceptions (not a cancellation)."""
+    leaves: list[BaseException] = []
+    todo: list[BaseException] = [eg]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, BaseExceptionGroup):
+            todo[:0] = list(e.exceptions)
+        else:
+            leaves.append(e)
+    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
+    return (real or leaves)[0]
 
 
 def _put(f: Any, h: Any, chunk: bytes) -> None:
