@@ -11,6 +11,7 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 # images (preheat.testing.registry): a real registry and a real OCI client
 command -v skopeo >/dev/null 2>&1 || need+=(skopeo)
 [ -x /usr/bin/docker-registry ] || need+=(docker-registry)
+command -v ctr >/dev/null 2>&1 && command -v containerd >/dev/null 2>&1 || need+=(containerd) # ctr pulls through the node mirror (tests start their own containerd)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 # Kubernetes test cluster (scripts/build-kube.sh, preheat.testing.kube): Go 1.19 builds
 # kube-apiserver/-controller-manager/-scheduler 1.20.2 from Debian's source package;

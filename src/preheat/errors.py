@@ -25,7 +25,9 @@
     │       ├── ImageNotFound(RegistryError, FileNotFoundError)  unknown repository/tag/digest
     │       ├── UnsupportedMediaType(RegistryError, ValueError)  manifest/config/layer type
     │       ├── ImageDigestMismatch(RegistryError, ValueError)   manifest bytes != digest
+    │       ├── NoModelFiles(UnsupportedMediaType)         oci:// image without /models
     │       └── RegistryAuthError(RegistryError, PermissionError)
+    │           └── CredentialHelperError(RegistryAuthError)  docker-credential-<name> failed
     ├── EngineError                                  simulated engine
     │   ├── PromptTooLong(EngineError, ValueError)   prompt + max_tokens exceed context / KV
     │   └── EngineUnavailable(EngineError, ConnectionError)
@@ -186,6 +188,15 @@ class ImageDigestMismatch(RegistryError, ValueError):
 
 class RegistryAuthError(RegistryError, PermissionError):
     """The registry or its token service refused the credentials."""
+
+
+# ocifmt (issue 11): oci:// modelcars and docker credential helpers
+class NoModelFiles(UnsupportedMediaType):
+    """An ``oci://`` image is neither a ModelPack model nor a modelcar (no ``/models``)."""
+
+
+class CredentialHelperError(RegistryAuthError):
+    """A docker credential helper (``credsStore``/``credHelpers``) is missing or failed."""
 
 
 # --- engine -----------------------------------------------------------------------------

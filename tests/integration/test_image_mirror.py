@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 import urllib.request
 from pathlib import Path
 
 from preheat.images import ImageCache, parse_platform
 from preheat.store import NodeStore
-from preheat.testing.registry import image_mirror, registry, skopeo, write_layout
+from preheat.testing.registry import image_mirror, registry, skopeo, tar_layer, write_layout
 
 MiB = 1 << 20
 
@@ -70,3 +72,43 @@ def test_skopeo_through_the_mirror_reaches_upstream_only_for_misses(tmp_path: Pa
             except urllib.error.HTTPError as err:
                 assert err.code == 405
                 err.close()
+
+
+def _manifest(port: int, ref: str) -> str:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/team/moving/manifests/{ref}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+        digest = resp.headers["Docker-Content-Digest"]
+    assert digest == "sha256:" + hashlib.sha256(body).hexdigest()
+    return str(digest)
+
+
+def test_a_moved_tag_is_served_anew_after_the_tag_ttl(tmp_path: Path) -> None:
+    """The mirror serves a cached tag as pulled until --tag-ttl passes, then re-resolves
+    it upstream and serves the new image; the old one stays served by digest from the
+    store, and the refresh is recorded under refs/."""
+    with registry(tmp_path / "reg") as reg:
+        store = NodeStore(tmp_path / "s")
+        with image_mirror(store.root, reg.url, tmp_path / "mirror.log", tag_ttl=4) as port:
+            old = reg.push_image("team/moving:v1", [tar_layer([("app/v", b"1")], "gzip")])
+            ImageCache(store).pull(reg.ref("team/moving:v1"))
+            new = reg.push_image("team/moving:v1", [tar_layer([("app/v", b"2")], "gzip")])
+            before = len(reg.requests())
+            assert _manifest(port, "v1") == old  # within the TTL: as pulled, no upstream
+            assert reg.requests()[before:] == []
+            time.sleep(max(0.0, _pulled_at(store) + 4.2 - time.time()))
+            assert _manifest(port, "v1") == new  # re-resolved upstream, fetched through
+            assert reg.requests("HEAD /v2/team/moving/manifests/v1")[-1:]
+            seen = len(reg.requests())
+            assert _manifest(port, old) == old  # the old image, by digest, from the store
+            assert len(reg.requests()) == seen
+            (record,) = (store.root / "refs").glob("*/mirror")
+            entry = json.loads(record.read_text())
+            assert entry["revision"] == new and entry["changed"] and entry["by"] == "mirror"
+
+
+def _pulled_at(store: NodeStore) -> float:
+    return max(i.pulled for i in ImageCache(store).images())

@@ -190,6 +190,15 @@ def unref(
     metavar="URL",
     help="Registry to forward misses to, e.g. http://127.0.0.1:5000 (default: a miss is 404).",
 )
+@click.option(
+    "--tag-ttl",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --upstream: re-resolve a cached tag there when its resolution is older than "
+    "this (a moved tag is fetched through); 0 serves tags as pulled. Digests never refresh.",
+)
 def serve(
     store_dir: Path,
     capacity: str | None,
@@ -197,6 +206,7 @@ def serve(
     host: str,
     port: int,
     upstream: str | None,
+    tag_ttl: float,
 ) -> None:
     """Serve the cached images read-only over the registry API (a node-local mirror).
 
@@ -213,9 +223,10 @@ def serve(
 
     with _errors():
         cache = _cache(store_dir, capacity, high_watermark)
-    click.echo(f"mirror on http://{host}:{port} (upstream {upstream or 'none'})", err=True)
+    ttl = f", tags re-resolved after {tag_ttl:g} s" if upstream and tag_ttl > 0 else ""
+    click.echo(f"mirror on http://{host}:{port} (upstream {upstream or 'none'}{ttl})", err=True)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(cache, host, port, upstream))
+        asyncio.run(run(cache, host, port, upstream, tag_ttl=tag_ttl))
 
 
 image.add_command(revoke_command("image"))

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from preheat.images.cache import ImageCache, ImageInfo
 from preheat.images.manifest import blob_path
+from preheat.images.mirror_tags import DEFAULT_TTL, TagRefresher
 
 API = {"Docker-Distribution-API-Version": "registry/2.0"}
 _FORWARD = ("Accept", "Range", "Authorization", "If-None-Match", "User-Agent")
@@ -55,11 +56,26 @@ def _error(status: int, code: str, message: str) -> web.Response:
 
 
 class Mirror:
-    def __init__(self, cache: ImageCache, upstream: str | None = None) -> None:
+    def __init__(
+        self, cache: ImageCache, upstream: str | None = None, *, tag_ttl: float = DEFAULT_TTL
+    ) -> None:
         self.cache = cache
         self.upstream = upstream.rstrip("/") if upstream else None
         self.stats = MirrorStats()
+        self.tags = (
+            TagRefresher(self.upstream, cache.store.layout.refs, tag_ttl)
+            if self.upstream and tag_ttl > 0
+            else None
+        )
         self._session: aiohttp.ClientSession | None = None
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=60),
+                auto_decompress=False,
+            )
+        return self._session
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -95,22 +111,24 @@ class Mirror:
         if request.method not in ("GET", "HEAD"):
             return _error(405, "UNSUPPORTED", "this mirror is read-only")
         name, ref = request.match_info["name"], request.match_info["ref"]
-        for img in self._images(request, name):
-            digest = None
-            if ref.startswith("sha256:"):
-                if ref in (img.digest, img.top_digest):
-                    digest = ref
-            elif img.tag == ref:
-                digest = img.top_digest
-            if digest is None:
+        images = self._images(request, name)
+        if ref.startswith("sha256:"):
+            want: str | None = ref
+        elif self.tags is not None:
+            held = [i for i in images if i.tag == ref]
+            want = await self.tags.digest(self._sess(), name, ref, held, request.headers)
+        else:
+            want = next((i.top_digest for i in images if i.tag == ref), None)
+        for img in images if want is not None else ():
+            if want not in (img.digest, img.top_digest):
                 continue
-            path = img.view / blob_path(digest)
+            path = img.view / blob_path(want)
             if not path.is_file():
                 continue
             body = path.read_bytes()
             mt = json.loads(body).get("mediaType") or "application/vnd.oci.image.manifest.v1+json"
             self._hit("manifest")
-            headers = {**API, "Docker-Content-Digest": digest, "Content-Type": mt}
+            headers = {**API, "Docker-Content-Digest": want, "Content-Type": mt}
             if request.method == "HEAD":
                 headers["Content-Length"] = str(len(body))
                 return web.Response(status=200, headers=headers)
@@ -156,15 +174,10 @@ class Mirror:
             )
         if request.method not in ("GET", "HEAD"):
             return _error(405, "UNSUPPORTED", "this mirror is read-only")
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=60),
-                auto_decompress=False,
-            )
         url = f"{self.upstream}{request.path_qs}"
         headers = {k: request.headers[k] for k in _FORWARD if k in request.headers}
         try:
-            async with self._session.request(
+            async with self._sess().request(
                 request.method, url, headers=headers, allow_redirects=True
             ) as up:
                 out = web.StreamResponse(
@@ -182,11 +195,18 @@ class Mirror:
             return _error(502, "UNAVAILABLE", f"upstream {self.upstream}: {type(exc).__name__}")
 
 
-async def serve(cache: ImageCache, host: str, port: int, upstream: str | None) -> None:
+async def serve(
+    cache: ImageCache,
+    host: str,
+    port: int,
+    upstream: str | None,
+    *,
+    tag_ttl: float = DEFAULT_TTL,
+) -> None:
     """Serve until cancelled."""
     import asyncio
 
-    runner = web.AppRunner(Mirror(cache, upstream).app(), access_log=None)
+    runner = web.AppRunner(Mirror(cache, upstream, tag_ttl=tag_ttl).app(), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

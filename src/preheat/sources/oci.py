@@ -1,18 +1,25 @@
-"""``oci://registry/repo:tag`` (or ``@sha256:...``): a CNCF ModelPack artifact as a source.
+"""``oci://registry/repo:tag`` (or ``@sha256:...``): a model at an OCI registry as a source.
 
-A ModelPack model is an OCI manifest with ``artifactType``
-``application/vnd.cncf.model.manifest.v1+json`` (or a config of media type
-``application/vnd.cncf.model.config.v1+json``) whose layers are the model's files:
-``application/vnd.cncf.model.weight.v1.raw`` (and the other ``...model.<kind>.v1.raw``
-kinds: ``weight.config``, ``doc``, ``code``, ``dataset``), each one file, its path in the
-snapshot taken from the ``org.cncf.model.filepath`` annotation (checked: no ``..``, no
-absolute path, no duplicates). Each file's sha256 is its layer digest, so the store
-verifies every byte and a layer that did not change between two revisions is not
-fetched again. The revision is the manifest's digest.
+Two kinds of image are models:
 
-Not supported yet (named in the error): ``.tar``, ``.tar+gzip``, ``.tar+zstd`` layers (a
-layer that unpacks into several files) and KServe modelcar images (files under
-``/models`` of an ordinary image).
+- **CNCF ModelPack** (manifest ``artifactType`` ``application/vnd.cncf.model.manifest.v1+json``
+  or config ``application/vnd.cncf.model.config.v1+json``). Layers of the kinds
+  ``weight``, ``weight.config``, ``doc``, ``code``, ``dataset``:
+  ``application/vnd.cncf.model.<kind>.v1.raw`` is one file, its path the
+  ``org.cncf.model.filepath`` annotation (checked: no ``..``, no absolute path, no
+  duplicates), its sha256 the layer digest; ``...v1.tar``, ``.tar+gzip``, ``.tar+zstd``
+  unpack into files named by their tar members, as ``modctl extract`` does (the
+  annotation, which modctl sets to the same relative path, is only checked to be safe).
+- **KServe modelcars**: any other image (an index picks the node's platform) whose
+  files live under ``/models``; its layers are applied in order with the OCI whiteout
+  rules and what ends under ``/models`` is the snapshot. An image with nothing there is
+  ``NoModelFiles``.
+
+Tar layers are fetched whole, checked against their digest, then unpacked safely
+(``oci_layers``: no escapes, no symlinks, no devices, no duplicates) into a staging
+directory the fill copies from (``oci_stage``). A layer's listing is kept by digest, so a
+layer that did not change between two revisions is not fetched again. The revision is
+the (platform) manifest's digest.
 
 ``RegistryBlobSource`` holds what every registry-backed source shares (the image cache's
 ``images.source`` too): small files served from memory, blobs by ranged GETs on the
@@ -22,19 +29,42 @@ fill's zero-copy splice path, or ``RegistryClient.blob`` when that path cannot s
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from preheat.artifacts.manifest import FileEntry, Manifest, check_relpath
 from preheat.artifacts.refs import ArtifactRef, redact_url
-from preheat.errors import UnsafePath, UnsupportedMediaType
+from preheat.errors import NoModelFiles, Revoked, TruncatedBody, UnsafePath, UnsupportedMediaType
 from preheat.images.auth import Credentials, load_credentials
 from preheat.images.client import RegistryClient
-from preheat.images.manifest import Descriptor, load, media_type_of, read_descriptor
-from preheat.images.reference import ImageRef, parse_image_ref
+from preheat.images.manifest import (
+    INDEXES,
+    MANIFESTS,
+    Descriptor,
+    choose_platform,
+    load,
+    media_type_of,
+    parse_manifest,
+    read_descriptor,
+)
+from preheat.images.reference import ImageRef, Platform, node_platform, parse_image_ref
 from preheat.sources import _splice
 from preheat.sources.base import Location, Resolution, Unsupported
+from preheat.sources.oci_layers import (
+    IMAGE_TAR_LAYERS,
+    MODEL_TAR_LAYERS,
+    MODELCAR_ROOT,
+    Member,
+    Mode,
+    apply_layers,
+    merge_models,
+)
+from preheat.sources.oci_stage import LayerStager
 
 MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -116,7 +146,8 @@ def _needs_client(shown: str, status: int, headers: Mapping[str, str]) -> None:
 
 
 class OciSource(RegistryBlobSource):
-    """A ModelPack artifact at an OCI registry (credentials from docker ``config.json``)."""
+    """A ModelPack artifact or a KServe modelcar image at an OCI registry (credentials
+    from docker ``config.json``, credential helpers included)."""
 
     def __init__(
         self,
@@ -126,9 +157,11 @@ class OciSource(RegistryBlobSource):
         credentials: Credentials | None = None,
         retries: int = 5,
         backoff: float = 0.2,
+        platform: Platform | None = None,
     ) -> None:
         self.ref = ref
         self.image_ref: ImageRef = parse_image_ref(ref.location)
+        self.platform = platform
         creds = credentials or load_credentials(self.image_ref.registry)
         super().__init__(
             RegistryClient(
@@ -139,53 +172,185 @@ class OciSource(RegistryBlobSource):
                 backoff=backoff,
             )
         )
+        self.layers = LayerStager(self.client)
+        # tar-member URL -> (layer, compression, mode, sha256 of the file)
+        self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
+        self._revoked: dict[str, tuple[str, float]] = {}
+
+    def bind_store(self, layout: Any, revoked: Mapping[str, tuple[str, float]]) -> None:
+        """Keep tar-layer listings and staging in the store, and refuse what its
+        revocation list names (digest -> (reason, since)) before fetching any layer (the
+        puller calls this; the store checks the extracted files itself)."""
+        self.layers.bind_store(Path(layout.root))
+        self._revoked = dict(revoked)
+
+    def _refuse(self, digests: list[str], store: Path | None) -> None:
+        for k in digests:
+            if k in self._revoked:
+                reason, since = self._revoked[k]
+                when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(since))
+                raise Revoked(
+                    f"{self.ref.display} is revoked: {k} is on this store's revocation list "
+                    f"since {when} ({reason}); nothing was fetched. Pull another version, or "
+                    f"allow it again with `preheat image unrevoke {k} --store {store}`"
+                )
+
+    async def aclose(self) -> None:
+        await self.layers.aclose()
+        await super().aclose()
+
+    def can_direct(self, location: Location) -> bool:
+        return location.url not in self._members and super().can_direct(location)
+
+    async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
+        member = self._members.get(location.url)
+        if member is None:
+            async for chunk in super().fetch(location, start, end):
+                yield chunk
+            return
+        layer, compression, mode, sha = member
+        await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
+        path = self.layers.staged_file(sha)
+        with open(path, "rb") as f:
+            f.seek(start)
+            pos = start
+            while pos < end:
+                data = await asyncio.to_thread(f.read, min(end - pos, 8 << 20))
+                if not data:
+                    raise TruncatedBody(f"{path}: staged file ended at byte {pos}, expected {end}")
+                pos += len(data)
+                yield data
 
     async def resolve(self) -> Resolution:
         ref = self.image_ref
         got = await self.client.manifest(ref.reference)
-        where = f"{ref.name}@{got.digest}"
-        doc = load(got.body, where)
+        doc = load(got.body, f"{ref.name}@{got.digest}")
         mt = media_type_of(doc, got.media_type)
+        self._refuse([got.digest], self.layers.root)
+        if mt in INDEXES:  # a multi-platform modelcar: the node's platform
+            plat = self.platform or _node_platform()
+            desc = choose_platform(doc, plat, ref.text)
+            got = await self.client.manifest(desc.digest)
+            doc = load(got.body, f"{ref.name}@{got.digest}")
+            mt = media_type_of(doc, got.media_type)
+        raw = doc.get("layers")
+        digests = (
+            [str(x.get("digest")) for x in raw if isinstance(x, dict)]
+            if isinstance(raw, list)
+            else []
+        )
+        self._refuse([got.digest, *digests], self.layers.root)
         config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
         config_mt = config.get("mediaType") if isinstance(config, dict) else None
-        if doc.get("artifactType") != MODEL_MANIFEST and config_mt != MODEL_CONFIG:
-            raise UnsupportedMediaType(
-                f"{ref.text} is not a ModelPack model (media type {mt!r}, artifactType "
-                f"{doc.get('artifactType')!r}, config {config_mt!r}; expected artifactType "
-                f"{MODEL_MANIFEST!r}); for a container image use `preheat image pull`"
-            )
+        if doc.get("artifactType") == MODEL_MANIFEST or config_mt == MODEL_CONFIG:
+            files = await self._modelpack(doc, f"{ref.name}@{got.digest}")
+        else:
+            files = await self._modelcar(doc, mt, got.digest, config_mt)
+        entries = tuple(FileEntry(p, size, sha) for p, (size, sha, _) in sorted(files.items()))
+        locations = {p: loc for p, (_, _, loc) in files.items()}
+        return Resolution(self.ref, got.digest, Manifest(entries), locations, label=ref.tag)
+
+    def _member(self, layer: Descriptor, compression: str, mode: Mode, m: Member) -> Location:
+        assert m.sha256 is not None
+        url = f"{self.client.url('blobs', layer.digest)}#{m.sha256}"
+        self._members[url] = (layer, compression, mode, m.sha256)
+        return Location(url=url, fingerprint=f"sha256\0{m.sha256}")
+
+    async def _modelpack(self, doc: dict[str, object], where: str) -> dict[str, _File]:
         layers = doc.get("layers")
         if not isinstance(layers, list) or not layers:
             raise UnsupportedMediaType(f"{where}: a model needs at least one layer")
-        files: dict[str, FileEntry] = {}
-        locations: dict[str, Location] = {}
+        files: dict[str, _File] = {}
+        taken: dict[str, str] = {}
+        wanted: list[tuple[Descriptor, str, Mode, str]] = []
         for i, obj in enumerate(layers):
-            d = _layer(obj, f"{where} layers[{i}]")
-            path = _path(obj, f"{where} layers[{i}]")
-            if path in files:
+            at = f"{where} layers[{i}]"
+            d = _layer(obj, at)
+            if d.media_type in MODEL_TAR_LAYERS:
+                _annotated(obj, at)  # informational for a tar layer, but it must be safe
+                wanted.append((d, MODEL_TAR_LAYERS[d.media_type], "model", at))
+                continue
+            path = _path(obj, at)
+            if path in taken:
                 raise UnsafePath(f"{where}: path {path!r} is named by two layers")
-            files[path] = FileEntry(path, d.size, d.hex)
-            locations[path] = Location(
-                url=self.client.url("blobs", d.digest), fingerprint=f"sha256\0{d.hex}"
+            taken[path] = at
+            url = self.client.url("blobs", d.digest)
+            files[path] = (d.size, d.hex, Location(url=url, fingerprint=f"sha256\0{d.hex}"))
+        got = await self.layers.diffs(wanted)  # every raw layer checked before any download
+        tars = [(at, diff, d) for (d, _, _, at), diff in zip(wanted, got, strict=True)]
+        merged = merge_models([(at, diff) for at, diff, _ in tars], taken)
+        by_where = {at: d for at, _, d in tars}
+        for path, m in merged.items():
+            d = by_where[taken[path]]
+            comp = MODEL_TAR_LAYERS[d.media_type]
+            files[path] = (m.size, m.sha256, self._member(d, comp, "model", m))
+        return files
+
+    async def _modelcar(
+        self, doc: dict[str, object], mt: str, digest: str, config_mt: object
+    ) -> dict[str, _File]:
+        ref = self.image_ref
+        where = f"{ref.name}@{digest}"
+        if mt not in MANIFESTS:
+            raise UnsupportedMediaType(
+                f"{ref.text} is not a ModelPack model nor a container image (media type "
+                f"{mt!r}, artifactType {doc.get('artifactType')!r}, config {config_mt!r})"
             )
-        return Resolution(
-            self.ref, got.digest, Manifest(tuple(files.values())), locations, label=ref.tag
-        )
+        image = parse_manifest(doc, Descriptor(mt, digest, 0), where)
+        wanted: list[tuple[Descriptor, str, Mode, str]] = [
+            (d, IMAGE_TAR_LAYERS[d.media_type], "modelcar", f"{where} layers[{i}]")
+            for i, d in enumerate(image.layers)
+        ]
+        got = await self.layers.diffs(wanted)
+        diffs = [(at, diff, d) for (d, _, _, at), diff in zip(wanted, got, strict=True)]
+        owner: dict[str, Descriptor] = {}
+        for _at, diff, d in diffs:  # which layer's staging holds each file's bytes
+            for m in diff.members:
+                if m.kind == "file" and m.sha256 is not None:
+                    owner[m.sha256] = d
+        tree = apply_layers((at, diff) for at, diff, _ in diffs)
+        if not tree:
+            raise NoModelFiles(
+                f"{ref.text} is a container image with no files under /{MODELCAR_ROOT} (a "
+                f"KServe modelcar keeps the model there) and not a ModelPack model "
+                f"(artifactType {MODEL_MANIFEST!r}); for a container image use "
+                "`preheat image pull`"
+            )
+        out: dict[str, _File] = {}
+        for path, m in tree.items():
+            assert m.sha256 is not None
+            d = owner[m.sha256]
+            out[path] = (
+                m.size,
+                m.sha256,
+                self._member(d, IMAGE_TAR_LAYERS[d.media_type], "modelcar", m),
+            )
+        return out
+
+
+_File = tuple[int, str | None, Location]  # size, sha256, where its bytes are
+
+
+def _node_platform() -> Platform:
+    import platform as _platform
+
+    return node_platform(_platform.system(), _platform.machine())
 
 
 def _layer(obj: object, where: str) -> Descriptor:
     d = read_descriptor(obj, where)
-    if d.media_type not in RAW_LAYERS:
-        hint = (
-            " (tar layers are not unpacked yet: push each file as a .raw layer)"
-            if ".tar" in d.media_type
-            else ""
-        )
+    if d.media_type not in RAW_LAYERS and d.media_type not in MODEL_TAR_LAYERS:
         raise UnsupportedMediaType(
-            f"{where} has media type {d.media_type!r}{hint}; supported: "
-            f"{', '.join(sorted(RAW_LAYERS))}"
+            f"{where} has media type {d.media_type!r}; supported: "
+            f"{', '.join(sorted(RAW_LAYERS | set(MODEL_TAR_LAYERS)))}"
         )
     return d
+
+
+def _annotated(obj: dict[str, object], where: str) -> None:
+    ann = obj.get("annotations")
+    if isinstance(ann, dict) and FILEPATH in ann:
+        _path(obj, where)
 
 
 def _path(obj: dict[str, object], where: str) -> str:

@@ -43,7 +43,7 @@ from preheat.store.fill import (
 from preheat.store.layout import Layout
 from preheat.store.repair import relink, stat_of
 from preheat.store.results import PullResult
-from preheat.store.revoke import refuse_revoked
+from preheat.store.revoke import refuse_revoked, revoked
 from preheat.store.space import Reservation, Space
 
 # progress(done_bytes, total_bytes), called from the pull's event loop about 5 times a second.
@@ -156,6 +156,9 @@ class Puller:
         t0 = time.monotonic()
         r = parse_ref(ref)
         source = open_source(r, endpoint_url=endpoint_url, connections=opts.connections)
+        bind = getattr(source, "bind_store", None)
+        if bind is not None:  # oci://: tar-layer listings in the store, revoked layers early
+            bind(self.layout, await asyncio.to_thread(revoked, self.db))
         try:
             res = await source.resolve()
             if revision is not None and res.revision != revision:

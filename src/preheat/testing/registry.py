@@ -47,12 +47,15 @@ __all__ = [
     "REGISTRY",
     "SKOPEO",
     "ImageInfo",
+    "ModelLayer",
     "OciLayout",
     "Registry",
     "TokenIssuer",
     "image_mirror",
     "registry",
     "skopeo",
+    "tar_info",
+    "tar_layer",
     "token_registry",
     "write_layout",
 ]
@@ -230,6 +233,74 @@ def write_layout(
     return OciLayout(path, str(top["digest"]), images)
 
 
+# --- tar layers (ModelPack ``...v1.tar``, modelcars) --------------------------------
+
+
+@dataclass(frozen=True)
+class ModelLayer:
+    """One layer of a ModelPack artifact to push: media type, bytes, annotations."""
+
+    media_type: str
+    data: bytes
+    annotations: Mapping[str, str] | None = None
+
+
+TarMember = tuple[str, bytes] | tarfile.TarInfo
+
+
+def tar_layer(members: Sequence[TarMember], compression: str = "") -> bytes:
+    """A tar of ``members`` (``(name, bytes)`` is a regular file; a ``TarInfo`` is written
+    as it is: directories, links, devices, whiteouts), then gzip or zstd when asked.
+    Deterministic: the same members always give the same bytes (and layer digest)."""
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                tar.addfile(m)
+                continue
+            name, data = m
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    if compression == "gzip":
+        return gzip.compress(raw, mtime=0)
+    if compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(raw)
+    return raw
+
+
+def tar_info(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    """A header-only member: ``tarfile.DIRTYPE``, ``SYMTYPE``, ``LNKTYPE``, ``CHRTYPE``,
+    ``FIFOTYPE``... (``linkname`` for links)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mtime = kind, linkname, 0
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    return info
+
+
+def _decompress(b: bytes) -> bytes:
+    if b[:2] == b"\x1f\x8b":
+        return gzip.decompress(b)
+    if b[:4] == b"\x28\xb5\x2f\xfd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(b)
+    return b
+
+
+def _image_layer_type(b: bytes) -> str:
+    if b[:2] == b"\x1f\x8b":
+        return "application/vnd.oci.image.layer.v1.tar+gzip"
+    if b[:4] == b"\x28\xb5\x2f\xfd":
+        return "application/vnd.oci.image.layer.v1.tar+zstd"
+    return "application/vnd.oci.image.layer.v1.tar"
+
+
 # --- skopeo -----------------------------------------------------------------------------
 
 
@@ -302,6 +373,20 @@ class Registry:
         urllib.request.urlopen(put, timeout=30).close()
         return digest
 
+    def put_manifest(self, name: str, body: bytes, media_type: str = OCI_MANIFEST) -> str:
+        """PUT a manifest at ``name`` (``repo:tag``); returns its digest."""
+        import urllib.request
+
+        repo, _, tag = name.partition(":")
+        put = urllib.request.Request(
+            f"{self.url}/v2/{repo}/manifests/{tag or 'latest'}",
+            method="PUT",
+            data=body,
+            headers={"Content-Type": media_type},
+        )
+        urllib.request.urlopen(put, timeout=30).close()
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
     def push_model(
         self,
         name: str,
@@ -313,20 +398,33 @@ class Registry:
         """Push a CNCF ModelPack artifact (``name`` is ``repo:tag``): one layer per file,
         its path in the ``org.cncf.model.filepath`` annotation. Returns the manifest
         digest. (skopeo copies images; an artifact goes up over the registry API.)"""
-        import urllib.request
+        layers = [
+            ModelLayer(media_type, data, {"org.cncf.model.filepath": path})
+            for path, data in files.items()
+        ]
+        return self.push_model_layers(name, layers, artifact_type=artifact_type)
 
-        repo, _, tag = name.partition(":")
+    def push_model_layers(
+        self,
+        name: str,
+        layers: Sequence[ModelLayer],
+        *,
+        artifact_type: str | None = "application/vnd.cncf.model.manifest.v1+json",
+    ) -> str:
+        """Push a ModelPack artifact from its layers as given (raw or tar, any media
+        type and annotations). Returns the manifest digest."""
+        repo = name.partition(":")[0]
         config = _canonical({"descriptor": {"name": repo}, "modelfs": {"type": "layers"}})
-        layers = []
-        for path, data in files.items():
-            layers.append(
-                {
-                    "mediaType": media_type,
-                    "digest": self.put_blob(repo, data),
-                    "size": len(data),
-                    "annotations": {"org.cncf.model.filepath": path},
-                }
-            )
+        descs = []
+        for layer in layers:
+            desc: dict[str, object] = {
+                "mediaType": layer.media_type,
+                "digest": self.put_blob(repo, layer.data),
+                "size": len(layer.data),
+            }
+            if layer.annotations:
+                desc["annotations"] = dict(layer.annotations)
+            descs.append(desc)
         manifest: dict[str, object] = {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
@@ -335,19 +433,44 @@ class Registry:
                 "digest": self.put_blob(repo, config),
                 "size": len(config),
             },
-            "layers": layers,
+            "layers": descs,
         }
         if artifact_type:
             manifest["artifactType"] = artifact_type
-        body = _canonical(manifest)
-        put = urllib.request.Request(
-            f"{self.url}/v2/{repo}/manifests/{tag or 'latest'}",
-            method="PUT",
-            data=body,
-            headers={"Content-Type": OCI_MANIFEST},
+        return self.put_manifest(name, _canonical(manifest))
+
+    def push_image(
+        self, name: str, layers: Sequence[bytes], *, media_types: Sequence[str] | None = None
+    ) -> str:
+        """Push an ordinary container image (``name`` is ``repo:tag``) of these layer
+        blobs (tars from ``tar_layer``), as written, over the registry API (skopeo would
+        recompress them). Media types default from each blob's compression. Returns the
+        manifest digest."""
+        repo = name.partition(":")[0]
+        types = list(media_types or [_image_layer_type(b) for b in layers])
+        diff_ids = ["sha256:" + hashlib.sha256(_decompress(b)).hexdigest() for b in layers]
+        config = _canonical(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {},
+                "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            }
         )
-        urllib.request.urlopen(put, timeout=30).close()
-        return "sha256:" + hashlib.sha256(body).hexdigest()
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {
+                "mediaType": OCI_CONFIG,
+                "digest": self.put_blob(repo, config),
+                "size": len(config),
+            },
+            "layers": [
+                {"mediaType": t, "digest": self.put_blob(repo, b), "size": len(b)}
+                for t, b in zip(types, layers, strict=True)
+            ],
+        }
+        return self.put_manifest(name, _canonical(manifest))
 
     def requests(self, pattern: str = "") -> list[str]:
         """Access-log request lines (``GET /v2/... HTTP/1.1``) that contain ``pattern``."""
@@ -436,9 +559,11 @@ def registry(root: Path | None = None, *, _auth: str = "") -> Iterator[Registry]
 
 
 @contextlib.contextmanager
-def image_mirror(store: Path, upstream: str | None, log: Path) -> Iterator[int]:
+def image_mirror(
+    store: Path, upstream: str | None, log: Path, *, tag_ttl: float | None = None
+) -> Iterator[int]:
     """Run ``preheat image serve --store STORE`` (a real process) on a free port; yields
-    the port, stops the process by PID on exit."""
+    the port, stops the process by PID on exit. ``tag_ttl``: its ``--tag-ttl``."""
     import sys
 
     def argv(p: int) -> list[str]:
@@ -453,7 +578,8 @@ def image_mirror(store: Path, upstream: str | None, log: Path) -> Iterator[int]:
             "--port",
             str(p),
         ]
-        return cmd + (["--upstream", upstream] if upstream else [])
+        ttl = ["--tag-ttl", str(tag_ttl)] if tag_ttl is not None else []
+        return cmd + (["--upstream", upstream] if upstream else []) + ttl
 
     proc, port = start_server(argv, health="/v2/", log=log, timeout=30, what="image mirror")
     try:

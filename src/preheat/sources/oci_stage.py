@@ -1,0 +1,230 @@
+"""Tar layers fetched once, verified, unpacked into a staging directory; listings kept.
+
+A snapshot file that lives inside a tar layer has no URL of its own: ``LayerStager``
+downloads the whole layer (resuming after a dropped connection), checks its sha256
+against the layer digest *before* reading a byte of the tar, and unpacks it with
+``oci_layers.scan_layer`` into a staging directory, each file once under its sha256.
+The fill then copies a file from there and verifies it again on its way into the store.
+
+The listing of a layer (its ``LayerDiff``: paths, sizes, sha256s, whiteouts) depends on
+the layer's bytes alone, so it is kept under ``<store>/oci-layers/<mode>-<digest>.json``
+once the source is bound to a store (``bind_store``, called by the puller). The next
+revision that reuses the layer resolves without fetching it, and when the store holds
+every blob of it, nothing of it moves at all. Unbound (``preheat cache resolve``), the
+listing lives in memory and staging in the system temp dir.
+
+Staging lives in ``<store>/tmp/oci-<random>/`` (the store's filesystem, so the copy
+into ``blobs/`` is local) and is removed by ``aclose``. Its owner holds an ``flock`` on
+``.lock`` inside it; a new stager removes every other ``oci-*`` directory whose lock
+nobody holds (what a killed pull left behind). Peak disk use of a pull is about the
+unpacked size of its new tar layers twice (staging, then the store's blobs) plus one
+compressed layer; the staging is not part of the store's space reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from preheat.errors import ImageDigestMismatch, OriginUnavailable, TruncatedBody
+from preheat.images.client import RegistryClient
+from preheat.images.manifest import Descriptor
+from preheat.sources.oci_layers import LayerDiff, Mode, scan_layer
+
+
+class LayerStager:
+    """Tar layers of one registry repository (see the module docstring)."""
+
+    def __init__(self, client: RegistryClient) -> None:
+        self.client = client
+        self._root: Path | None = None
+        self._staging: Path | None = None
+        self._diffs: dict[str, LayerDiff] = {}
+        self._staged: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock: int | None = None
+
+    def bind_store(self, root: Path) -> None:
+        self._root = root
+
+    @property
+    def root(self) -> Path | None:
+        """The store this stager keeps listings in (None: unbound)."""
+        return self._root
+
+    def _listing(self, key: str) -> Path | None:
+        return None if self._root is None else self._root / "oci-layers" / f"{key}.json"
+
+    def staging(self) -> Path:
+        if self._staging is None:
+            if self._root is not None and (self._root / "tmp").is_dir():
+                tmp = self._root / "tmp"
+                staging = Path(tempfile.mkdtemp(prefix="oci-", dir=tmp))
+            else:
+                staging = Path(tempfile.mkdtemp(prefix="preheat-oci-"))
+            self._lock = os.open(staging / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+            self._staging = staging
+            if self._root is not None:
+                _sweep(staging.parent, staging)
+        return self._staging
+
+    def staged_file(self, sha256: str) -> Path:
+        return self.staging() / sha256
+
+    async def diffs(
+        self, layers: list[tuple[Descriptor, str, Mode, str]], parallel: int = 4
+    ) -> list[LayerDiff]:
+        """``diff`` of every ``(layer, compression, mode, where)``, ``parallel`` at a
+        time (downloads overlap; unpacking runs in threads); the first failure cancels
+        the rest."""
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(d: Descriptor, comp: str, mode: Mode, where: str) -> LayerDiff:
+            async with gate:
+                return await self.diff(d, comp, mode, where)
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(one(*x)) for x in layers]
+        except BaseExceptionGroup as eg:
+            raise _first(eg) from None  # callers catch UnsafePath, ImageDigestMismatch...
+        return [t.result() for t in tasks]
+
+    async def diff(self, d: Descriptor, compression: str, mode: Mode, where: str) -> LayerDiff:
+        """The layer's listing: remembered, else read from the store, else fetched."""
+        key = f"{mode}-{d.hex}"
+        if key in self._diffs:
+            return self._diffs[key]
+        path = self._listing(key)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+                doc: Any = json.loads(await asyncio.to_thread(path.read_text))
+                self._diffs[key] = LayerDiff.from_json(doc)
+                return self._diffs[key]
+        return await self.stage(d, compression, mode, where)
+
+    async def stage(self, d: Descriptor, compression: str, mode: Mode, where: str) -> LayerDiff:
+        """Fetch, verify and unpack the layer (once per source) and keep its listing."""
+        key = f"{mode}-{d.hex}"
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key in self._staged:
+                return self._diffs[key]
+            staging = self.staging()
+            blob = staging / f".layer-{d.hex}"
+            try:
+                await self._download(d, blob, where)
+                diff = await asyncio.to_thread(
+                    scan_layer, blob, d.media_type, compression, mode, staging, where
+                )
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    blob.unlink()
+            self._diffs[key] = diff
+            self._staged.add(key)
+            path = self._listing(key)
+            if path is not None:
+                await asyncio.to_thread(_write_json, path, diff.to_json())
+            return diff
+
+    async def _download(self, d: Descriptor, dest: Path, where: str) -> None:
+        url = self.client.url("blobs", d.digest)
+        h = hashlib.sha256()
+        pos, attempt = 0, 0
+        with open(dest, "wb") as f:
+            while pos < d.size:
+                buf: list[bytes] = []
+                held = 0
+                try:
+                    async for chunk in self.client.blob(url, pos, d.size):
+                        buf.append(chunk)
+                        held += len(chunk)
+                        if held >= _BATCH:  # write and hash in a thread, 4 MiB at a time
+                            await asyncio.to_thread(_put, f, h, b"".join(buf))
+                            pos, held, buf = pos + held, 0, []
+                    await asyncio.to_thread(_put, f, h, b"".join(buf))
+                    pos, held, buf = pos + held, 0, []
+                except (OriginUnavailable, TruncatedBody):
+                    await asyncio.to_thread(_put, f, h, b"".join(buf))  # keep what arrived
+                    pos += held
+                    attempt += 1
+                    if attempt > self.client.retries:
+                        raise
+                    await asyncio.sleep(min(5.0, self.client.backoff * 2 ** (attempt - 1)))
+        if h.hexdigest() != d.hex:
+            raise ImageDigestMismatch(
+                f"{where}: layer {d.digest} from the registry hashes to sha256:{h.hexdigest()}; "
+                "refused before unpacking, nothing was published"
+            )
+
+    async def aclose(self) -> None:
+        if self._staging is not None:
+            await asyncio.to_thread(shutil.rmtree, self._staging, True)
+            self._staging = None
+            self._staged.clear()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _sweep(tmp: Path, mine: Path, grace: float = 60.0) -> None:
+    """Remove ``oci-*`` staging dirs under ``tmp`` whose owner is gone (lock free)."""
+    for d in tmp.glob("oci-*"):
+        if d == mine or not d.is_dir():
+            continue
+        try:
+            fd = os.open(d / ".lock", os.O_RDWR)
+        except FileNotFoundError:  # being created right now, or a crash before the lock
+            with contextlib.suppress(OSError):
+                if time.time() - d.stat().st_mtime > grace:
+                    shutil.rmtree(d, ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live pull owns it
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+_BATCH = 4 << 20
+
+
+def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first real failure in a task group's exceptions (not a cancellation)."""
+    leaves: list[BaseException] = []
+    todo: list[BaseException] = [eg]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, BaseExceptionGroup):
+            todo[:0] = list(e.exceptions)
+        else:
+            leaves.append(e)
+    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
+    return (real or leaves)[0]
+
+
+def _put(f: Any, h: Any, chunk: bytes) -> None:
+    f.write(chunk)
+    h.update(chunk)
+
+
+def _write_json(path: Path, doc: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    os.replace(tmp, path)
