@@ -15,7 +15,9 @@ The "p99 difference" column is routed p99 - direct p99, a difference of percenti
 (it can be below added p50 when the tails do not line up) shown for reference only.
 "req/s" is a second pass of the same stream through the router alone with the same
 number of workers (the one client process is part of what limits it, the same for
-every router). ``preheataiohttp-<policy>`` runs preheat with ``--front aiohttp`` (the
+every router); "CPU ms/req" is the router's CPU time (its process and children, from
+/proc) during that pass over the requests, a figure the machine's load moves less than
+latency. ``preheataiohttp-<policy>`` runs preheat with ``--front aiohttp`` (the
 previous server) for a before/after in the same run.
 
     .venv/bin/python benchmarks/router_overhead.py --requests 2000
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -108,6 +111,25 @@ async def measure_paired(
     return d_out, r_out, failed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its descendants (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, (0, 0.0))[1]
+        todo += [c for c, (ppid, _) in stats.items() if ppid == p]
+    return total
+
+
 async def measure_throughput(router: str, data: list[bytes], concurrency: int) -> tuple[float, int]:
     """(requests per second, failures): the stream through the router alone,
     ``concurrency`` workers back to back, after one warm-up request per worker."""
@@ -172,22 +194,26 @@ def main() -> None:
     names = args.routers.split(",")
     results: dict[int, dict[str, tuple[AddedLatency, int]]] = {}
     rates: dict[int, dict[str, tuple[float, int]]] = {}
+    cpu: dict[int, dict[str, float]] = {}
     with start_fast_backend() as b1, start_fast_backend() as b2:
         backends = [b1.url, b2.url]
         for conc in (int(c) for c in args.concurrency.split(",")):
             res: dict[str, tuple[AddedLatency, int]] = {}
             rate: dict[str, tuple[float, int]] = {}
+            cpu[conc] = {}
             for name in names:
                 with router(name, backends, logdir) as r:
                     d, rt, failed = asyncio.run(measure_paired(backends, r.url, data, conc))
+                    c0 = cpu_seconds(r.pid)
                     rate[name] = asyncio.run(measure_throughput(r.url, data, conc))
+                    cpu[conc][name] = (cpu_seconds(r.pid) - c0) / len(data)
                 res[name] = (paired_added(d, rt), failed)
             results[conc] = res
             rates[conc] = rate
     for conc, res in results.items():
         table = Table(title=f"concurrency {conc}, {args.requests} paired requests (ms)")
         cols = ("router", "direct p50", "routed p50", "routed p99", "added p50", "added p99")
-        for col in (*cols, "p99 difference*", "failed pairs", "req/s", "failed"):
+        for col in (*cols, "p99 difference*", "failed pairs", "req/s", "failed", "CPU ms/req"):
             table.add_column(col, justify="right")
         for name, (a, failed) in res.items():
             table.add_row(
@@ -201,6 +227,7 @@ def main() -> None:
                 str(failed),
                 f"{rates[conc][name][0]:.0f}",
                 str(rates[conc][name][1]),
+                ms(cpu[conc][name]),
             )
         console.print(table)
         console.print(
@@ -232,6 +259,7 @@ def main() -> None:
                             "added_p99": a.added_p99,
                             "req_per_s": rates[c][k][0],
                             "failed_throughput": rates[c][k][1],
+                            "cpu_s_per_request": cpu[c][k],
                         }
                         for k, (a, f) in r.items()
                     }

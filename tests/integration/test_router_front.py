@@ -84,7 +84,8 @@ def fast_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc
 
 def test_pipelined_keep_alive_requests_are_answered_in_order(fast_router: RouterProcess) -> None:
     """Five requests written at once on one connection (proxied and relayed mixed) come
-    back in order, each body byte for byte; ``Connection: close`` ends the connection."""
+    back in order, each body byte for byte; ``Connection: close`` ends the connection;
+    a burst of 40 is answered in order too."""
     bodies = [json.dumps({"prompt": f"p{i}", "max_tokens": 1}).encode() for i in range(3)]
     wire = (
         _post("/v1/completions", bodies[0])
@@ -103,6 +104,12 @@ def test_pipelined_keep_alive_requests_are_answered_in_order(fast_router: Router
         assert json.loads(answers[i][2])["body_sha256"] == hashlib.sha256(bodies[k]).hexdigest()
         assert answers[i][1]["x-preheat-instance"].startswith("http://127.0.0.1:")
     assert json.loads(answers[1][2])["status"] == "ok"
+    burst = [json.dumps({"prompt": f"b{i}", "max_tokens": 1}).encode() for i in range(40)]
+    s, f = _connect(fast_router)
+    with s:  # more than MAX_PIPELINED at once: reading pauses, nothing is lost or reordered
+        s.sendall(b"".join(_post("/v1/completions", b) for b in burst))
+        got = [json.loads(_read(f)[2])["body_sha256"] for _ in burst]
+    assert got == [hashlib.sha256(b).hexdigest() for b in burst]
     assert json.loads(answers[3][2])["data"][0]["id"] == "fake"
     assert answers[4][1]["connection"] == "close"
 

@@ -18,7 +18,8 @@ What the front gets right (tests/integration/test_router_front.py):
 
 * keep-alive (HTTP/1.1 by default, HTTP/1.0 with ``Connection: keep-alive``) and
   pipelining: requests on one connection are answered one at a time, in order; more
-  than ``MAX_PIPELINED`` waiting stops reading the socket until they are answered;
+  than ``MAX_PIPELINED`` waiting (or ``MAX_QUEUED_BYTES`` of their bodies) stops
+  reading the socket until half of them are answered;
 * request bodies by ``Content-Length`` or chunked; ``Expect: 100-continue`` answered
   with ``100 Continue`` when the body would be accepted (and nothing is ahead of it);
 * limits: a request line over 8,190 bytes -> 414, more than 128 headers or 64 KiB of
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("preheat.router")
 
 MAX_PIPELINED = 16
+#: Body bytes of pipelined requests waiting their turn before reading pauses.
+MAX_QUEUED_BYTES = 1 << 20
 IDLE_S = 75.0
 LINGER_S = 2.0
 _SWEEP_S = 5.0
@@ -112,13 +115,14 @@ class Front:
         self.fallback = fallback
         self.conns: set[FrontProtocol] = set()
         self.tick = 0
+        # Cached: asyncio.get_running_loop() costs a getpid() syscall on each call.
+        self.loop = pool.loop
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         """Listen on ``host:port``; returns the bound addresses."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
+        self._server = await self.loop.create_server(
             lambda: FrontProtocol(self), host, port, reuse_address=True, backlog=1024
         )
         self._sweeper = asyncio.create_task(self._sweep(), name="router-front-idle")
@@ -171,6 +175,7 @@ class FrontProtocol(asyncio.Protocol):
         self._reject: _Reject | None = None
         self._discard = False
         self._read_paused = False
+        self._queued_bytes = 0
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
@@ -315,7 +320,9 @@ class FrontProtocol(asyncio.Protocol):
         if req.incoming is not None:
             req.incoming.raw = req.body
         self.queue.append(req)
-        if len(self.queue) >= MAX_PIPELINED and not self._read_paused:
+        self._queued_bytes += len(req.body)
+        full = len(self.queue) >= MAX_PIPELINED or self._queued_bytes >= MAX_QUEUED_BYTES
+        if full and not self._read_paused:
             self._read_paused = True
             assert self.transport is not None
             self.transport.pause_reading()
@@ -328,13 +335,19 @@ class FrontProtocol(asyncio.Protocol):
 
     def _kick(self) -> None:
         if self.task is None and not self.closed:
-            self.task = asyncio.get_running_loop().create_task(self._run())
+            self.task = self.front.loop.create_task(self._run())
 
     async def _run(self) -> None:
         try:
             while self.queue and not self.closed:
                 req = self.queue.popleft()
-                if self._read_paused and len(self.queue) < MAX_PIPELINED // 2:
+                if isinstance(req, _Request):
+                    self._queued_bytes -= len(req.body)
+                if (
+                    self._read_paused
+                    and len(self.queue) < MAX_PIPELINED // 2
+                    and self._queued_bytes < MAX_QUEUED_BYTES // 2
+                ):
                     self._read_paused = False
                     assert self.transport is not None
                     self.transport.resume_reading()
@@ -375,7 +388,7 @@ class FrontProtocol(asyncio.Protocol):
         self._discard = True
         if t.can_write_eof():
             t.write_eof()
-        self._linger = asyncio.get_running_loop().call_later(LINGER_S, self.close)
+        self._linger = self.front.loop.call_later(LINGER_S, self.close)
 
     # --- Sink -----------------------------------------------------------------------------
 
@@ -408,7 +421,7 @@ class FrontProtocol(asyncio.Protocol):
             return
         t.write(chunk if self.cur.http10 else http1.chunk(chunk))
         if self._write_paused:
-            d = self._drain = asyncio.get_running_loop().create_future()
+            d = self._drain = self.front.loop.create_future()
             try:
                 await d
             finally:
