@@ -23,7 +23,9 @@ benchmarks/router_overhead.py's notes); this client does only what the proxy nee
 Errors: ``ConnectFailed`` (the instance refused or is unreachable: it is down),
 ``Disconnected`` (the connection closed before the response was complete; ``reused``
 says whether it was a pooled keep-alive connection, which the caller retries once on a
-fresh one). Health checks and ``/v1/models`` keep using aiohttp.
+fresh one). Health checks and ``/v1/models`` keep using aiohttp. The front's relay to
+the router's own aiohttp application (``front.py``) uses the same pool with a
+``unix:/path`` origin and any method (``request``).
 """
 
 from __future__ import annotations
