@@ -177,6 +177,7 @@ class FrontProtocol(asyncio.Protocol):
         self._read_paused = False
         self._queued_bytes = 0
         self._write_paused = False
+        self._answered = False  # a head was written for the current request
         self._drain: asyncio.Future[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
 
@@ -355,6 +356,7 @@ class FrontProtocol(asyncio.Protocol):
                     self._refuse(req)
                     return
                 self.cur = req
+                self._answered = False
                 try:
                     if req.incoming is not None:
                         await self.front.proxy.handle(req.incoming, self)
@@ -364,6 +366,10 @@ class FrontProtocol(asyncio.Protocol):
                     raise
                 except Exception:
                     log.exception("the router failed a request")
+                    if not self._answered:  # as aiohttp would: a 500, then close
+                        req.keep_alive = False
+                        body = error_body(500, "the router failed on this request", "router_error")
+                        self.reply(500, {"Content-Type": "application/json; charset=utf-8"}, body)
                     self.close()
                     return
                 if not req.keep_alive:
@@ -394,6 +400,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
         req = self.cur
+        self._answered = True
         t = self.transport
         if t is None or self.closed:
             return
@@ -404,6 +411,7 @@ class FrontProtocol(asyncio.Protocol):
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
         req = self.cur
+        self._answered = True
         if req.http10:
             req.keep_alive = False  # the body ends with the connection
         t = self.transport
