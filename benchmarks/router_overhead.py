@@ -13,6 +13,12 @@ per-request differences (router - direct), so added p99 >= added p50. ``--concur
 workers do this at once, so that many requests are in flight across the two paths.
 The "p99 difference" column is routed p99 - direct p99, a difference of percentiles
 (it can be below added p50 when the tails do not line up) shown for reference only.
+"req/s" is a second pass of the same stream through the router alone with the same
+number of workers (the one client process is part of what limits it, the same for
+every router); "CPU ms/req" is the router's CPU time (its process and children, from
+/proc) during that pass over the requests, a figure the machine's load moves less than
+latency. ``preheataiohttp-<policy>`` runs preheat with ``--front aiohttp`` (the
+previous server) for a before/after in the same run.
 
     .venv/bin/python benchmarks/router_overhead.py --requests 2000
 """
@@ -23,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -104,11 +111,56 @@ async def measure_paired(
     return d_out, r_out, failed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its descendants (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, (0, 0.0))[1]
+        todo += [c for c, (ppid, _) in stats.items() if ppid == p]
+    return total
+
+
+async def measure_throughput(router: str, data: list[bytes], concurrency: int) -> tuple[float, int]:
+    """(requests per second, failures): the stream through the router alone,
+    ``concurrency`` workers back to back, after one warm-up request per worker."""
+    failed = 0
+    it = iter(data)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(_post(s, router, data[0]) for _ in range(concurrency)))
+
+        async def worker() -> None:
+            nonlocal failed
+            for body in it:
+                _, status = await _post(s, router, body)
+                failed += status != 200
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return len(data) / wall, failed
+
+
 @contextlib.contextmanager
 def router(name: str, backends: list[str], logdir: Path) -> Iterator[RouterProcess]:
     kind, policy = name.split("-", 1)
-    if kind == "preheat":
-        r = launch_router(backends=backends, strategy=policy, log_path=logdir / f"{name}.log")
+    if kind in ("preheat", "preheataiohttp"):
+        front = ["--front", "aiohttp"] if kind == "preheataiohttp" else []
+        r = launch_router(
+            backends=backends,
+            strategy=policy,
+            log_path=logdir / f"{name}.log",
+            extra_args=front,
+        )
         try:
             yield r
         finally:
@@ -141,19 +193,27 @@ def main() -> None:
     data = bodies(args.requests, 1)
     names = args.routers.split(",")
     results: dict[int, dict[str, tuple[AddedLatency, int]]] = {}
+    rates: dict[int, dict[str, tuple[float, int]]] = {}
+    cpu: dict[int, dict[str, float]] = {}
     with start_fast_backend() as b1, start_fast_backend() as b2:
         backends = [b1.url, b2.url]
         for conc in (int(c) for c in args.concurrency.split(",")):
             res: dict[str, tuple[AddedLatency, int]] = {}
+            rate: dict[str, tuple[float, int]] = {}
+            cpu[conc] = {}
             for name in names:
                 with router(name, backends, logdir) as r:
                     d, rt, failed = asyncio.run(measure_paired(backends, r.url, data, conc))
+                    c0 = cpu_seconds(r.pid)
+                    rate[name] = asyncio.run(measure_throughput(r.url, data, conc))
+                    cpu[conc][name] = (cpu_seconds(r.pid) - c0) / len(data)
                 res[name] = (paired_added(d, rt), failed)
             results[conc] = res
+            rates[conc] = rate
     for conc, res in results.items():
         table = Table(title=f"concurrency {conc}, {args.requests} paired requests (ms)")
         cols = ("router", "direct p50", "routed p50", "routed p99", "added p50", "added p99")
-        for col in (*cols, "p99 difference*", "failed pairs"):
+        for col in (*cols, "p99 difference*", "failed pairs", "req/s", "failed", "CPU ms/req"):
             table.add_column(col, justify="right")
         for name, (a, failed) in res.items():
             table.add_row(
@@ -165,6 +225,9 @@ def main() -> None:
                 ms(a.added_p99),
                 ms(a.p99_gap),
                 str(failed),
+                f"{rates[conc][name][0]:.0f}",
+                str(rates[conc][name][1]),
+                ms(cpu[conc][name]),
             )
         console.print(table)
         console.print(
@@ -176,7 +239,9 @@ def main() -> None:
             console.print(
                 f"  c={conc}: {ours} vs {peer}: added p50 {ms(a.added_p50)} vs "
                 f"{ms(b.added_p50)} ms ({ratio(a.added_p50, b.added_p50)}), added p99 "
-                f"{ms(a.added_p99)} vs {ms(b.added_p99)} ms ({ratio(a.added_p99, b.added_p99)})"
+                f"{ms(a.added_p99)} vs {ms(b.added_p99)} ms ({ratio(a.added_p99, b.added_p99)}), "
+                f"req/s {rates[conc][ours][0]:.0f} vs {rates[conc][peer][0]:.0f} "
+                f"({rates[conc][ours][0] / rates[conc][peer][0]:.2f}x)"
             )
     console.print(f"loadavg at end: {Path('/proc/loadavg').read_text().strip()}")
     if args.json:
@@ -192,6 +257,9 @@ def main() -> None:
                             "routed_p99": a.routed_p99,
                             "added_p50": a.added_p50,
                             "added_p99": a.added_p99,
+                            "req_per_s": rates[c][k][0],
+                            "failed_throughput": rates[c][k][1],
+                            "cpu_s_per_request": cpu[c][k],
                         }
                         for k, (a, f) in r.items()
                     }

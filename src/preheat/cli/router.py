@@ -161,6 +161,15 @@ def router() -> None:
     "announces, falling back to its learned index on a gap or silence. Repeat per "
     "instance; also `kv_events:` per instance in --config.",
 )
+@click.option(
+    "--front",
+    type=click.Choice(["raw", "aiohttp"]),
+    default="raw",
+    show_default=True,
+    help="The server on --port: raw (an HTTP/1.1 protocol with httptools serves the two "
+    "proxy routes, everything else is relayed to the aiohttp application on a private "
+    "unix socket; least added latency) or aiohttp (aiohttp serves every route).",
+)
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def serve(
     port: int,
@@ -185,6 +194,7 @@ def serve(
     namespace: str | None,
     kubeconfig: Path | None,
     kv_events: tuple[str, ...],
+    front: str,
     log_level: str,
 ) -> None:
     """Run the router on --port in front of --backend URLs (or a --config file).
@@ -260,7 +270,7 @@ def serve(
 
         run_discovered(live, discovery, host=host, port=port)
     else:
-        run(live, host=host, port=port)
+        run(live, host=host, port=port, front=front)
 
 
 def _discovery(

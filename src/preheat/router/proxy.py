@@ -1,28 +1,35 @@
-"""The router's proxy handlers: forward OpenAI requests to the instance a policy chose.
+"""The router's proxy: forward OpenAI requests to the instance a policy chose.
 
-Request life: read the body (over ``max_body_bytes`` -> 413), parse JSON (malformed ->
-400 in OpenAI error format), pick the variant (``X-Preheat-Variant`` header, else by
-weight), let the variant's policy choose among its healthy, non-draining instances
-(none -> 503 with ``Retry-After``), count it in flight, forward. An instance that
-refuses the connection is marked unhealthy and the request is tried once more on
-another; one that sends nothing for ``upstream_timeout_s`` -> 504; one that dies
-mid-stream ends the client's stream with an ``error`` event and is marked unhealthy.
-Each response carries ``X-Preheat-Instance`` and ``X-Preheat-Outcome`` headers.
+Request life: parse the body as JSON (malformed -> 400 in OpenAI error format; a body
+over ``max_body_bytes`` is refused with 413 by the HTTP server before it gets here),
+pick the variant (``X-Preheat-Variant`` header, else by weight), let the variant's
+policy choose among its healthy, non-draining instances (none -> 503 with
+``Retry-After``), count it in flight, forward. An instance that refuses the connection
+is marked unhealthy and the request is tried once more on another; one that sends
+nothing for ``upstream_timeout_s`` -> 504; one that dies mid-stream ends the client's
+stream with an ``error`` event and is marked unhealthy. Each response carries
+``X-Preheat-Instance`` and ``X-Preheat-Outcome`` headers.
 
-Hot path (benchmarks/router_overhead.py): the body is read once and parsed with orjson;
-plain-HTTP instances are reached through the lean keep-alive client of ``upstream.py``
-(one write per request, no per-request timeout objects; https instances go through
-aiohttp); a non-streaming answer is read whole and returned as one ``web.Response``;
-counters are plain ints read at scrape time (``metrics.py``).
+The logic does not know the HTTP server: a server turns a request into an ``Incoming``
+and gives ``Proxy.handle`` a ``Sink`` to answer through. Two servers do: the raw-protocol
+front of ``front.py`` (what ``preheat router serve`` listens with) and aiohttp
+(``proxy_web.py``: ``Proxy.proxy`` is its handler, used with ``--front aiohttp``, for
+requests the front hands over, and in tests that mount ``build_app``).
+
+Hot path (benchmarks/router_overhead.py): the body is parsed once with orjson; the
+forwarded headers arrive as one pre-encoded block; plain-HTTP instances are reached
+through the lean keep-alive client of ``upstream.py`` (one write per request, no
+per-request timeout objects; https instances go through aiohttp); a non-streaming
+answer is read whole and answered in one write; counters are plain ints read at scrape
+time (``metrics.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import random
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -31,40 +38,43 @@ from aiohttp import web
 
 from preheat.errors import ConfigError, NoHealthyInstance
 from preheat.router.policies import Choice, RouteRequest
-from preheat.router.state import VARIANT_HEADER, RoutingState, Upstream, VariantRuntime
+from preheat.router.proxy_web import AiohttpResponse, WebSink, https_post, incoming_of
+from preheat.router.state import RoutingState, Upstream, VariantRuntime
 from preheat.router.upstream import (
-    BadResponse,
     ConnectFailed,
     Disconnected,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
 )
+from preheat.router.wire import (
+    ERROR_CTYPE,
+    HINT_HEADER,
+    Incoming,
+    Sink,
+    error_body,
+    reply_error,
+    too_large_message,
+)
 from preheat.telemetry.routing import DecisionLog, RouteDecision
+
+__all__ = ["HINT_HEADER", "Incoming", "Proxy", "Sink", "openai_error"]
 
 log = logging.getLogger("preheat.router")
 
-HINT_HEADER = "X-Preheat-Prefix-Id"
-_HOP = {
-    "host",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-    "proxy-authorization",
-    "accept-encoding",
-    "expect",
-}
+#: Request ids only need to be unique: a seeded PRNG, not a syscall per request.
+_ids = random.Random()
 
 
 def openai_error(
     status: int, message: str, kind: str, headers: dict[str, str] | None = None
 ) -> web.Response:
-    """An error response in the OpenAI format: {"error": {"message", "type", "code"}}."""
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
+    """``error_body`` as an aiohttp response."""
+    return web.Response(
+        body=error_body(status, message, kind),
+        status=status,
+        headers={**(headers or {}), "Content-Type": ERROR_CTYPE},
+    )
 
 
 class Proxy:
@@ -77,6 +87,7 @@ class Proxy:
         self.pool: UpstreamPool | None = None
         self._session: aiohttp.ClientSession | None = None
         self._log_failed = False
+        self.client_timeout: Any = None
         self.set_timeouts()
 
     def set_timeouts(self) -> None:
@@ -100,36 +111,64 @@ class Proxy:
     def session(self, session: aiohttp.ClientSession | None) -> None:
         self._session = session
 
+    # --- the aiohttp handlers -----------------------------------------------------------
+
     async def proxy(self, request: web.Request) -> web.StreamResponse:
-        state = self.state
-        metrics = state.metrics
+        """``POST /v1/completions`` and ``/v1/chat/completions`` under aiohttp."""
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            metrics.child(metrics.rejected, "413").inc()
-            return openai_error(
-                413,
-                f"request body is over the router's limit of {state.config.max_body_bytes} bytes",
-                "invalid_request_error",
-            )
+            self.count_rejected(413)
+            limit = self.state.config.max_body_bytes
+            return openai_error(413, too_large_message(limit), "invalid_request_error")
+        sink = WebSink(request)
+        await self.handle(incoming_of(request, raw), sink)
+        return sink.response
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        for rt in self.state.variants.values():
+            for up in rt.live:
+                try:
+                    async with self.session.get(
+                        up.id + "/v1/models", timeout=self.client_timeout
+                    ) as resp:
+                        data = await resp.read()
+                        ctype = resp.headers.get("Content-Type", "application/json")
+                        return web.Response(
+                            body=data, status=resp.status, headers={"Content-Type": ctype}
+                        )
+                except (aiohttp.ClientError, TimeoutError):
+                    continue
+        return openai_error(
+            503, "no healthy instance to list models", "service_unavailable", {"Retry-After": "1"}
+        )
+
+    # --- the proxy ------------------------------------------------------------------------
+
+    def count_rejected(self, status: int) -> None:
+        m = self.state.metrics
+        m.child(m.rejected, str(status)).inc()
+
+    async def handle(self, inc: Incoming, out: Sink) -> None:
+        """Answer one proxied request through ``out``."""
+        state = self.state
         try:
-            body = orjson.loads(raw)
+            body = orjson.loads(inc.raw)
         except orjson.JSONDecodeError as exc:
-            metrics.child(metrics.rejected, "400").inc()
-            return openai_error(
-                400, f"request body is not valid JSON: {exc}", "invalid_request_error"
-            )
+            self.count_rejected(400)
+            msg = f"request body is not valid JSON: {exc}"
+            return reply_error(out, 400, msg, "invalid_request_error")
         if not isinstance(body, dict):
-            metrics.child(metrics.rejected, "400").inc()
-            return openai_error(400, "request body must be a JSON object", "invalid_request_error")
+            self.count_rejected(400)
+            msg = "request body must be a JSON object"
+            return reply_error(out, 400, msg, "invalid_request_error")
         try:
-            rt = state.variant_for(request.headers.get(VARIANT_HEADER))
+            rt = state.variant_for(inc.variant)
         except ConfigError as exc:
-            return openai_error(400, str(exc), "invalid_request_error")
-        request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
-        rreq = RouteRequest(request_id=request_id, body=body, hint=request.headers.get(HINT_HEADER))
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        headers["X-Request-Id"] = request_id
+            return reply_error(out, 400, str(exc), "invalid_request_error")
+        request_id = inc.request_id or f"{_ids.getrandbits(128):032x}"
+        rreq = RouteRequest(request_id=request_id, body=body, hint=inc.hint)
+        headers = inc.headers + b"\r\nX-Request-Id: " + request_id.encode("latin-1", "replace")
         tried: set[str] = set()
         for _attempt in range(2):
             candidates = rt.live if not tried else [u for u in rt.live if u.id not in tried]
@@ -137,36 +176,36 @@ class Proxy:
             try:
                 choice = rt.policy.choose(rreq, candidates)
             except NoHealthyInstance:
-                metrics.child(metrics.rejected, "503").inc()
-                return openai_error(
+                self.count_rejected(503)
+                return reply_error(
+                    out,
                     503,
                     f"variant {rt.config.name!r} has no healthy instance; retry shortly",
                     "service_unavailable",
-                    headers={"Retry-After": "1"},
+                    {"Retry-After": "1"},
                 )
             except ConfigError as exc:
-                return openai_error(400, str(exc), "invalid_request_error")
+                return reply_error(out, 400, str(exc), "invalid_request_error")
             decision_us = (time.perf_counter_ns() - t0) / 1000.0
-            up = choice.instance
-            result = await self._forward(request, rt, rreq, choice, raw, headers, decision_us)
-            if result is not None:
-                return result
-            tried.add(up.id)
-        return openai_error(
-            502, "no instance accepted the connection", "upstream_error", {"Retry-After": "1"}
+            if await self._forward(out, inc, rt, rreq, choice, headers, decision_us):
+                return None
+            tried.add(choice.instance.id)
+        return reply_error(
+            out, 502, "no instance accepted the connection", "upstream_error", {"Retry-After": "1"}
         )
 
     async def _forward(
         self,
-        request: web.Request,
+        out: Sink,
+        inc: Incoming,
         rt: VariantRuntime,
         rreq: RouteRequest,
         choice: Choice[Upstream],
-        raw: bytes,
-        headers: dict[str, str],
+        headers: bytes,
         decision_us: float,
-    ) -> web.StreamResponse | None:
-        """Send to the chosen instance; None means 'never connected, try another'."""
+    ) -> bool:
+        """Send to the chosen instance and answer; False means 'never connected, try
+        another' (nothing was answered)."""
         up = choice.instance
         state = self.state
         m = state.metrics
@@ -181,56 +220,51 @@ class Proxy:
         extra = {"X-Preheat-Instance": up.id, "X-Preheat-Outcome": choice.outcome}
         try:
             try:
-                resp = await self._send(up.id, request.path, raw, headers)
+                resp = await self._send(up.id, inc.path, inc.raw, headers)
             except (ConnectFailed, Disconnected) as exc:
                 # Refused, or hung up before answering on a fresh connection too.
                 m.child(m.upstream_errors, vname, up.id, "connect").inc()
                 log.warning("instance %s refused the request: %s", up.id, exc)
                 state.set_state(up, "unhealthy")
-                return None
+                return False
             except TimeoutError:
                 m.child(m.upstream_errors, vname, up.id, "timeout").inc()
-                return openai_error(
-                    504,
-                    f"instance did not answer within {state.config.upstream_timeout_s} s",
-                    "upstream_timeout",
-                    extra,
-                )
+                limit = state.config.upstream_timeout_s
+                msg = f"instance did not answer within {limit} s"
+                reply_error(out, 504, msg, "upstream_timeout", extra)
+                return True
             except UpstreamError as exc:
                 m.child(m.upstream_errors, vname, up.id, "connect").inc()
                 state.set_state(up, "unhealthy")
-                return openai_error(502, f"upstream error: {exc}", "upstream_error", extra)
+                reply_error(out, 502, f"upstream error: {exc}", "upstream_error", extra)
+                return True
             async with resp:
                 if resp.status >= 500:
                     m.child(m.upstream_errors, vname, up.id, "status").inc()
                 ctype = resp.headers.get("content-type", "application/json")
                 if ctype.startswith("text/event-stream"):
-                    out, usage, ok = await self._stream(
-                        request, resp, ctype, extra, sampled, up, rt
-                    )
-                    return out
+                    usage, ok = await self._stream(out, resp, ctype, extra, sampled, up, rt)
+                    return True
                 try:
                     data = await resp.read()
                 except TimeoutError:
                     m.child(m.upstream_errors, vname, up.id, "timeout").inc()
-                    return openai_error(
-                        504,
-                        f"instance did not finish within {state.config.upstream_timeout_s} s",
-                        "upstream_timeout",
-                        extra,
-                    )
+                    limit = state.config.upstream_timeout_s
+                    msg = f"instance did not finish within {limit} s"
+                    reply_error(out, 504, msg, "upstream_timeout", extra)
+                    return True
                 except UpstreamError as exc:
                     m.child(m.upstream_errors, vname, up.id, "stream").inc()
                     state.set_state(up, "unhealthy")
-                    return openai_error(
-                        502, f"instance failed mid-response: {exc}", "upstream_error", extra
-                    )
+                    msg = f"instance failed mid-response: {exc}"
+                    reply_error(out, 502, msg, "upstream_error", extra)
+                    return True
                 ok = resp.status < 400
                 if sampled and ok:
                     usage = _usage_of(data)
-                return web.Response(
-                    body=data, status=resp.status, headers={**extra, "Content-Type": ctype}
-                )
+                extra["Content-Type"] = ctype
+                out.reply(resp.status, extra, data)
+                return True
         finally:
             up.in_flight -= 1
             cached = _cached_tokens(usage)
@@ -274,62 +308,28 @@ class Proxy:
                 )
 
     async def _send(
-        self, origin: str, path: str, raw: bytes, headers: dict[str, str]
-    ) -> UpstreamResponse | _AiohttpResponse:
+        self, origin: str, path: str, raw: bytes, headers: bytes
+    ) -> UpstreamResponse | AiohttpResponse:
         """POST the body to an instance: plain-HTTP instances through the lean keep-alive
-        pool (``upstream.py``), https ones through aiohttp.
-
-        Both retry once on a fresh connection if a pooled keep-alive one was stale: an
-        instance may close an idle connection just as we reuse it (seen with
-        llama-server; uvicorn closes idle ones after 5 s), which is not the instance
-        failing. A refused connection is not retried here.
-        """
+        pool (``upstream.py``), https ones through aiohttp (``proxy_web.https_post``).
+        Both retry once on a fresh connection if a pooled keep-alive one was stale."""
         pool = self.pool
         if pool is not None and origin.startswith("http://"):
             return await pool.post(origin, path, raw, headers)
-        url = origin + path
-        try:
-            try:
-                return _AiohttpResponse(
-                    await self.session.post(
-                        url, data=raw, headers=headers, timeout=self.client_timeout
-                    )
-                )
-            except TimeoutError:
-                raise
-            except aiohttp.ClientConnectorError:
-                raise
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                log.debug("retrying %s on a fresh connection after %r", url, exc)
-                return _AiohttpResponse(
-                    await self.session.post(
-                        url, data=raw, headers=headers, timeout=self.client_timeout
-                    )
-                )
-        except TimeoutError:
-            raise
-        except aiohttp.ClientConnectorError as exc:
-            raise ConnectFailed(str(exc)) from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise Disconnected(str(exc), reused=False, started=False) from exc
-        except aiohttp.ClientError as exc:
-            raise BadResponse(str(exc)) from exc
+        return await https_post(self.session, origin + path, raw, headers, self.client_timeout)
 
     async def _stream(
         self,
-        request: web.Request,
-        resp: UpstreamResponse | _AiohttpResponse,
+        out: Sink,
+        resp: UpstreamResponse | AiohttpResponse,
         ctype: str,
         extra: dict[str, str],
         sampled: bool,
         up: Upstream,
         rt: VariantRuntime,
-    ) -> tuple[web.StreamResponse, dict[str, Any] | None, bool]:
-        out = web.StreamResponse(
-            status=resp.status,
-            headers={**extra, "Content-Type": ctype, "Cache-Control": "no-cache"},
-        )
-        await out.prepare(request)
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Pass an SSE answer through piece by piece as it arrives."""
+        await out.start(resp.status, {**extra, "Content-Type": ctype, "Cache-Control": "no-cache"})
         tail = b""
         ok = resp.status < 400
         try:
@@ -339,7 +339,7 @@ class Proxy:
                 except ConnectionError:
                     # The client went away: stop reading; leaving the block closes the
                     # upstream response, which aborts the generation on the engine.
-                    return out, None, False
+                    return None, False
                 if sampled:
                     tail = (tail + chunk)[-8192:]
         except (UpstreamError, TimeoutError) as exc:
@@ -360,59 +360,9 @@ class Proxy:
                 await out.write(b"event: error\ndata: " + orjson.dumps(err) + b"\n\n")
             ok = False
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write_eof()
+            await out.end()
         usage = _sse_usage(tail) if sampled and ok else None
-        return out, usage, ok
-
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        for rt in self.state.variants.values():
-            for up in rt.live:
-                try:
-                    async with self.session.get(
-                        up.id + "/v1/models", timeout=self.client_timeout
-                    ) as resp:
-                        data = await resp.read()
-                        ctype = resp.headers.get("Content-Type", "application/json")
-                        return web.Response(
-                            body=data, status=resp.status, headers={"Content-Type": ctype}
-                        )
-                except (aiohttp.ClientError, TimeoutError):
-                    continue
-        return openai_error(
-            503, "no healthy instance to list models", "service_unavailable", {"Retry-After": "1"}
-        )
-
-
-class _AiohttpResponse:
-    """An aiohttp response behind ``UpstreamResponse``'s interface (https instances)."""
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self.resp = resp
-        self.status = resp.status
-        self.headers = {k.lower(): v for k, v in resp.headers.items()}
-
-    async def __aenter__(self) -> _AiohttpResponse:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.resp.release()
-
-    async def read(self) -> bytes:
-        try:
-            return await self.resp.read()
-        except TimeoutError:
-            raise
-        except aiohttp.ClientError as exc:
-            raise Disconnected(str(exc), reused=False, started=True) from exc
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self.resp.content.iter_any():
-                yield chunk
-        except TimeoutError:
-            raise
-        except aiohttp.ClientError as exc:
-            raise Disconnected(str(exc), reused=False, started=True) from exc
+        return usage, ok
 
 
 def _int(v: Any) -> int | None:

@@ -1,9 +1,11 @@
-"""The router's HTTP server (aiohttp on uvloop): the ``Router`` facade, app and entry points.
+"""The router's HTTP servers on uvloop: the ``Router`` facade, the app and entry points.
 
 Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (bodies forwarded
 unchanged; SSE streams passed through chunk by chunk as they arrive; ``proxy.py``),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` and the token-protected ``/admin``
-API (``admin.py``).
+API (``admin.py``). On the public port the raw-protocol front (``front.py``) serves the
+two proxy routes and relays everything else to the aiohttp application on a private
+unix socket (``serve``).
 
 The pieces: ``state.py`` holds the variants, instances and policies and applies config
 changes (no HTTP); ``health.py`` probes the instances; ``proxy.py`` forwards requests;
@@ -20,7 +22,10 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from preheat.router.config import RouterConfig
+from preheat.router.front import Front
 from preheat.router.health import HealthChecker
 from preheat.router.kvevents_sub import KVEventSubscriber
 from preheat.router.kvprecise import PreciseIndex
@@ -38,6 +44,7 @@ from preheat.router.upstream import UpstreamPool
 from preheat.telemetry.routing import DecisionLog
 
 __all__ = [
+    "FRONTS",
     "HINT_HEADER",
     "STATES",
     "VARIANT_HEADER",
@@ -154,6 +161,12 @@ class Router(RoutingState):
             raise RuntimeError("the router is not started")
         return self._session
 
+    @property
+    def pool(self) -> UpstreamPool:
+        if self._pool is None:
+            raise RuntimeError("the router is not started")
+        return self._pool
+
     # --- small handlers -----------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
@@ -185,44 +198,76 @@ def build_app(router: Router) -> web.Application:
     return app
 
 
+#: The servers ``serve`` can listen with (``preheat router serve --front``).
+FRONTS = ("raw", "aiohttp")
+
+
 async def serve(
     router: Router,
     *,
     host: str = "127.0.0.1",
     port: int,
     ready: Callable[[], Awaitable[None]] | None = None,
+    front: str = "raw",
 ) -> None:
-    """Run the router until SIGINT/SIGTERM."""
+    """Run the router until SIGINT/SIGTERM.
+
+    ``front="raw"`` (the default): the raw-protocol front (``front.py``) listens on
+    ``host:port`` and serves the two proxy routes itself; the aiohttp application listens
+    on a unix socket in a private temporary directory (mode 0700, removed on exit) and
+    answers every other request, which the front relays to it. ``front="aiohttp"``:
+    aiohttp listens on ``host:port`` and serves everything (the previous design).
+    """
     import signal
 
+    if front not in FRONTS:
+        raise ValueError(f"front {front!r} is unknown; use one of {FRONTS}")
     app = build_app(router)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
-    await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    bound = [a for a in runner.addresses if isinstance(a, tuple)]
-    log.info("router listening on http://%s:%d", host, bound[0][1] if bound else port)
-    # Everything allocated so far lives as long as the router: keep it out of the cyclic
-    # GC's full collections, which would otherwise walk it while requests wait.
-    gc.collect()
-    gc.freeze()
-    if ready is not None:
-        await ready()
+    raw: Front | None = None
+    sockdir: str | None = None
     try:
+        if front == "raw":
+            sockdir = tempfile.mkdtemp(prefix="preheat-router-")
+            path = os.path.join(sockdir, "app.sock")
+            await web.UnixSite(runner, path).start()
+            raw = Front(router.handlers, router.pool, f"unix:{path}")
+            bound = await raw.start(host, port)
+        else:
+            site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
+            await site.start()
+            bound = [a[:2] for a in runner.addresses if isinstance(a, tuple)]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log.info(
+            "router listening on http://%s:%d (front %s)",
+            host,
+            bound[0][1] if bound else port,
+            front,
+        )
+        # Everything allocated so far lives as long as the router: keep it out of the
+        # cyclic GC's full collections, which would otherwise walk it while requests wait.
+        gc.collect()
+        gc.freeze()
+        if ready is not None:
+            await ready()
         await stop.wait()
     finally:
+        if raw is not None:
+            await raw.close()
         await runner.cleanup()
+        if sockdir is not None:
+            shutil.rmtree(sockdir, ignore_errors=True)
 
 
-def run(router: Router, *, host: str = "127.0.0.1", port: int) -> None:
+def run(router: Router, *, host: str = "127.0.0.1", port: int, front: str = "raw") -> None:
     """Blocking entry point: run ``serve`` on uvloop when it is installed."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        asyncio.run(serve(router, host=host, port=port))
+        asyncio.run(serve(router, host=host, port=port, front=front))
         return
-    uvloop.run(serve(router, host=host, port=port))
+    uvloop.run(serve(router, host=host, port=port, front=front))

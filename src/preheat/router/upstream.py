@@ -23,7 +23,9 @@ benchmarks/router_overhead.py's notes); this client does only what the proxy nee
 Errors: ``ConnectFailed`` (the instance refused or is unreachable: it is down),
 ``Disconnected`` (the connection closed before the response was complete; ``reused``
 says whether it was a pooled keep-alive connection, which the caller retries once on a
-fresh one). Health checks and ``/v1/models`` keep using aiohttp.
+fresh one). Health checks and ``/v1/models`` keep using aiohttp. The front's relay to
+the router's own aiohttp application (``front.py``) uses the same pool with a
+``unix:/path`` origin and any method (``request``).
 """
 
 from __future__ import annotations
@@ -158,7 +160,9 @@ class UpstreamResponse:
 
     __slots__ = ("_chunked", "_done", "_left", "conn", "headers", "keep_alive", "status")
 
-    def __init__(self, conn: _Conn, status: int, headers: dict[str, str], keep: bool) -> None:
+    def __init__(
+        self, conn: _Conn, status: int, headers: dict[str, str], keep: bool, *, head: bool = False
+    ) -> None:
         self.conn = conn
         self.status = status
         self.headers = headers
@@ -171,8 +175,17 @@ class UpstreamResponse:
                 self._left = int(cl)
             except ValueError as exc:
                 raise BadResponse(f"bad Content-Length {cl!r}") from exc
+        if head or status in (204, 304):
+            self._chunked = False
+            self._left = 0
         self.keep_alive = keep and (self._chunked or self._left is not None)
-        self._done = status in (204, 304) or (self._left == 0 and not self._chunked)
+        self._done = self._left == 0 and not self._chunked
+
+    @property
+    def length(self) -> int | None:
+        """The body's declared length (``Content-Length``), None when chunked or
+        delimited by the close; read before the body is."""
+        return None if self._chunked else self._left
 
     async def __aenter__(self) -> UpstreamResponse:
         return self
@@ -302,7 +315,8 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    """Keep-alive connections per origin (``http://host:port``) and the POST to use them."""
+    """Keep-alive connections per origin (``http://host:port``, or ``unix:/path`` for a
+    unix socket) and the requests to use them."""
 
     def __init__(
         self,
@@ -335,6 +349,8 @@ class UpstreamPool:
 
     def _address(self, origin: str) -> tuple[str, int, bytes]:
         a = self._addr.get(origin)
+        if a is None and origin.startswith("unix:"):
+            a = self._addr[origin] = (origin[5:], 0, b"localhost")
         if a is None:
             u = urlsplit(origin)
             if u.scheme != "http" or not u.hostname:
@@ -344,12 +360,13 @@ class UpstreamPool:
         return a
 
     async def _connect(self, origin: str) -> _Conn:
-        host, port, _ = self._address(origin)
         try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(lambda: _Conn(self, origin), host, port),
-                self.connect_timeout,
-            )
+            if origin.startswith("unix:"):
+                made = self.loop.create_unix_connection(lambda: _Conn(self, origin), origin[5:])
+            else:
+                host, port, _ = self._address(origin)
+                made = self.loop.create_connection(lambda: _Conn(self, origin), host, port)
+            _, conn = await asyncio.wait_for(made, self.connect_timeout)
         except TimeoutError:
             raise
         except OSError as exc:
@@ -367,35 +384,62 @@ class UpstreamPool:
         return None
 
     async def post(
-        self, origin: str, path: str, body: bytes, headers: Mapping[str, str]
+        self, origin: str, path: str, body: bytes, headers: Mapping[str, str] | bytes
     ) -> UpstreamResponse:
         """POST ``body`` to ``origin + path``; a pooled connection that turns out stale is
-        replaced by a fresh one once (``Disconnected.reused`` otherwise)."""
+        replaced by a fresh one once (``Disconnected.reused`` otherwise). ``headers`` is
+        a mapping or one pre-encoded block of ``\r\nName: value`` lines."""
+        return await self.request(origin, b"POST", path, body, headers)
+
+    async def request(
+        self,
+        origin: str,
+        method: bytes,
+        target: str,
+        body: bytes,
+        headers: Mapping[str, str] | bytes,
+        *,
+        host: bytes | None = None,
+    ) -> UpstreamResponse:
+        """Any method: ``target`` is the path with its query; ``host`` replaces the
+        origin's ``Host`` header; a ``HEAD`` answer has no body whatever it declares."""
+        if not isinstance(headers, bytes):
+            headers = "".join(f"\r\n{k}: {v}" for k, v in headers.items()).encode(
+                "utf-8", "surrogateescape"
+            )
+        head = b"".join(
+            (
+                method,
+                b" ",
+                target.encode("utf-8", "surrogateescape"),
+                b" HTTP/1.1\r\nHost: ",
+                host if host is not None else self._address(origin)[2],
+                headers,
+                b"\r\nContent-Length: %d\r\n\r\n" % len(body),
+            )
+        )
+        is_head = method == b"HEAD"
         conn = self._take(origin)
         if conn is not None:
             try:
-                return await self._exchange(conn, origin, path, body, headers)
+                return await self._exchange(conn, head, body, is_head)
             except Disconnected as exc:
                 if exc.started:
                     raise
         conn = await self._connect(origin)
-        return await self._exchange(conn, origin, path, body, headers)
+        return await self._exchange(conn, head, body, is_head)
 
     async def _exchange(
-        self, conn: _Conn, origin: str, path: str, body: bytes, headers: Mapping[str, str]
+        self, conn: _Conn, head: bytes, body: bytes, is_head: bool
     ) -> UpstreamResponse:
-        hostport = self._address(origin)[2]
-        head = [b"POST ", path.encode("ascii", "strict"), b" HTTP/1.1\r\nHost: ", hostport]
-        for k, v in headers.items():
-            head.append(f"\r\n{k}: {v}".encode("utf-8", "surrogateescape"))
-        head.append(f"\r\nContent-Length: {len(body)}\r\n\r\n".encode("ascii"))
-        head.append(body)
         reused = conn.reused
         transport = conn.transport
         if transport is None or conn.closed or transport.is_closing():
             conn.close()
             raise Disconnected("the pooled connection is closed", reused=reused, started=False)
-        transport.write(b"".join(head))
+        transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            transport.write(body)
         buf = conn.buf
         timeout = self.read_timeout
         while True:
@@ -437,7 +481,7 @@ class UpstreamPool:
             conn.close()
             raise BadResponse(f"unexpected interim response {status}")
         try:
-            resp = UpstreamResponse(conn, status, hdrs, keep)
+            resp = UpstreamResponse(conn, status, hdrs, keep, head=is_head)
         except BadResponse:
             conn.close()
             raise
