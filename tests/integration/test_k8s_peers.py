@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -45,7 +46,7 @@ NODES = ("node-a", "node-b", "node-c")
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/preheat-system/leases"
 SETTINGS = "/api/v1/namespaces/preheat-system/configmaps/preheat-settings"
 SIZE_1 = 40_000_000  # 2 shards of 20 MB: 2 pieces of 16 MiB each
-SIZE_2 = 48_000_000
+SIZE_2 = 32_000_000
 
 
 class PeerAgent(Agent):
@@ -190,6 +191,8 @@ def test_three_agents_fetch_one_copy_from_the_origin_and_the_rest_from_peers(
         assert blobs <= set(status["peer"]["blobs"])
         line = f'preheat_warmup_bytes{{node="{n}",revision="{revision}",source="{rec["mode"]}"}}'
         assert world.agents[n].metric(line) == rec["bytesFrom"][rec["mode"]], line
+    print(f"\nk8s peers: origin sent {sent} B for a {size} B model ({sent / size:.4f}x); "
+          f"warm-ups {json.dumps(records, sort_keys=True)}")  # fmt: skip
     seed = next(n for n, r in records.items() if r and r["mode"] == "origin")
     assert "took over origin slot preheat-origin-0 from gone-node/x" in (
         world.agents[seed].log.read_text()
@@ -199,7 +202,7 @@ def test_three_agents_fetch_one_copy_from_the_origin_and_the_rest_from_peers(
 
 
 def test_an_agent_killed_mid_serve_costs_a_retry_not_a_failed_warm_up(world: World) -> None:
-    """node-c warms from node-a and node-b at 8 MB/s (origin.bandwidth, the node link);
+    """node-c warms a 32 MB revision from node-a and node-b at 8 MB/s (origin.bandwidth, the node link);
     node-a is SIGKILLed while node-c is part-way: node-c still ends Ready with every byte
     verified, no failed warm-up, and its bytes from peers (and the origin for what node-a
     did not deliver)."""
@@ -227,12 +230,39 @@ def test_an_agent_killed_mid_serve_costs_a_retry_not_a_failed_warm_up(world: Wor
         rec = _until("node-c recorded", lambda: _warmups(kube, "node-c", revision), timeout=30)
         assert rec["mode"] == "peer" and sum(rec["bytesFrom"].values()) == size, rec
         assert rec["bytesFrom"]["peer"] > 0
+        print(f"\nk8s peers, node-a killed at {done_at_kill} of {size} B: node-c {rec}")
         assert world.agents["node-c"].metric('preheat_agent_warmups_total{outcome="failed"}') == 0
         store = NodeStore(world.agents["node-c"].store)
         assert store.verify(quarantine=False).ok
     finally:
         _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
         a.start()
+
+
+def test_snapshot_init_on_a_cold_node_fills_from_the_agents_peers(
+    world: World, tmp_path: Path
+) -> None:
+    """`preheat snapshot-init` with the token file and an agent's peer URL, on a node store
+    without the snapshot, takes every model byte from the peer (nginx sends only the
+    manifest) and links --out to a verified snapshot."""
+    revision, manifest = NodeStore(tmp_path / "probe").resolve(world.urls["m1"])
+    size = sum(f.size for f in manifest.files)
+    sent_before = origin_bytes_sent(world.access_log)
+    exe = Path(sys.executable).parent / "preheat"
+    argv = [
+        str(exe), "snapshot-init", "--store", str(tmp_path / "node-store"),
+        "--source", world.urls["m1"], "--revision", revision, "--digest", manifest.digest,
+        "--out", str(tmp_path / "pod" / "model"),
+        "--peer-token-file", str(world.agents["node-b"].token_file),
+        "--peer", world.agents["node-b"].peer_url,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["warm"] and out["bytes_from"] == {"peer": size}, out
+    assert origin_bytes_sent(world.access_log) - sent_before < 64 << 10
+    assert NodeStore(tmp_path / "pod" / "store").verify(quarantine=False).ok
+    assert world.token not in proc.stdout + proc.stderr
 
 
 def _peer_get(url: str, headers: dict[str, str]) -> int:

@@ -162,6 +162,13 @@ class FleetPeers:
         finally:
             self._pending.pop(key, None)
 
+    async def fill_for(self, node: str) -> PeerFill:
+        """The peer side of a pull into ``node`` outside the fan-out (a replica's own pull
+        on a cold node): pieces that peers hold come from them, the rest from the origin;
+        it takes no origin slot (the replica is waiting for its weights)."""
+        await self.ensure_servers()
+        return PeerFill(self._client, self, node, self._members[node].book)
+
     def release(self, node: str, revision: str) -> None:
         """A warm-up ended (either way): its origin slot, if any, is free again."""
         self._running.discard((node, revision))
