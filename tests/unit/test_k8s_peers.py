@@ -120,3 +120,21 @@ def test_rendered_agent_serves_peers_with_the_token_from_a_secret() -> None:
     assert any(e["name"] == "POD_IP" for e in c["env"])
     (cm,) = [m for m in system_manifests() if m["kind"] == "ConfigMap"]
     assert parse_settings(cm["data"]["settings.yaml"]).budget == Budget()
+
+
+def test_origin_pieces_are_served_as_they_land_and_lists_merge() -> None:
+    """A landed origin piece is held under its digest ("" for the rest); a longer list
+    from a seed keeps what is held, a conflicting one starts over."""
+    from preheat.sources.pieces import PieceBook
+
+    book = PieceBook()
+    book.landed("d", 40, 16, 2, "c" * 64)
+    entry = book.get("d")
+    assert entry is not None and entry.digests == ("", "", "c" * 64) and entry.verified == {2}
+    assert entry.covers(32, 40) and not entry.covers(0, 16)
+    book.landed("d", 40, 16, 2, "f" * 64)  # other bytes for a held piece: ignored
+    assert entry.digests[2] == "c" * 64
+    merged = book.start("d", 40, 16, ("a" * 64, "", "c" * 64))
+    assert merged is entry and entry.digests == ("a" * 64, "", "c" * 64) and entry.verified == {2}
+    fresh = book.start("d", 40, 16, ("a" * 64, "b" * 64, "e" * 64))
+    assert fresh is not entry and fresh.verified == set()
