@@ -38,6 +38,7 @@ from preheat.runtime.kubernetes.discovery import connect, variant_service_name
 from preheat.runtime.kubernetes.podrecords import PodStartRecorder
 from preheat.runtime.kubernetes.podrecords_core import ENGINE_LABELS
 from preheat.runtime.kubernetes.render import (
+    AGENT_PEER_RULES,
     AGENT_RULES,
     OPERATOR_RULES,
     ROUTER_RULES,
@@ -593,6 +594,10 @@ def test_the_authorizer_grants_exactly_the_rendered_rules(
     assert granted == want, f"missing {sorted(want - granted)}, extra {sorted(granted - want)}"
     if who == ROUTER_SA:
         assert _granted(env.kube, who, "kube-system") == set()
+    if who == AGENT_SA:  # its own namespace adds the origin slot Leases and settings (peers)
+        own = _granted(env.kube, who, "preheat-system")
+        want = _rendered([*rules, *AGENT_PEER_RULES])
+        assert own == want, f"missing {sorted(want - own)}, extra {sorted(own - want)}"
 
 
 def _kubectl_as(env: Env, conf: Path, *args: str) -> tuple[int, str]:

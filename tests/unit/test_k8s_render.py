@@ -13,7 +13,7 @@ from preheat.cli import main
 from preheat.control.spec import parse_endpoint
 from preheat.errors import ConfigError
 from preheat.runtime.kubernetes.crds import custom_resource_definitions, endpoint_spec_schema
-from preheat.runtime.kubernetes.render import AGENT_RULES, ROUTER_RULES, render
+from preheat.runtime.kubernetes.render import AGENT_PEER_RULES, AGENT_RULES, ROUTER_RULES, render
 from preheat.runtime.kubernetes.resources import (
     endpoint_from_object,
     endpoint_object,
@@ -128,8 +128,12 @@ def test_least_privilege_rules() -> None:
         if "modeldatacaches" in rule["resources"]:
             assert set(rule["verbs"]) == {"get", "list", "watch"}
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in ROUTER_RULES)
-    kinds = [o["kind"] for o in render(crds=False)]
-    assert "Role" not in kinds  # the router's Role comes only with an endpoint
+    roles = [o for o in render(crds=False) if o["kind"] == "Role"]
+    # the router's Role comes only with an endpoint; the agent's peer Role is namespaced
+    assert [r["metadata"]["name"] for r in roles] == ["preheat-agent-peers"]
+    assert roles[0]["metadata"]["namespace"] == "preheat-system"
+    assert {res for r in AGENT_PEER_RULES for res in r["resources"]} == {"leases", "configmaps"}
+    assert all("delete" not in r["verbs"] for r in AGENT_PEER_RULES)
 
 
 def test_deploy_base_matches_the_renderer(tmp_path: Path) -> None:

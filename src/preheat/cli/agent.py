@@ -49,6 +49,28 @@ from preheat.errors import ConfigError
     "--backoff", type=click.FloatRange(0.01), default=1.0, show_default=True,
     help="First retry delay of a failed warm-up in seconds (doubles up to 30 s).",
 )  # fmt: skip
+@click.option(
+    "--peer-port", type=click.IntRange(0, 65535), default=None,
+    help="Serve this node's blobs to the other agents on PORT and fill from them "
+    "(needs --peer-token-file; 0: any free port). Without it: origin only.",
+)  # fmt: skip
+@click.option(
+    "--peer-token-file", type=click.Path(dir_okay=False, path_type=Path),
+    help="File holding the cluster's peer token (the preheat-peer-token Secret, mounted).",
+)  # fmt: skip
+@click.option("--peer-host", default=None, help="Address the peer server binds (default: --host).")
+@click.option(
+    "--peer-url", default=None,
+    help="URL other agents reach this one at, e.g. http://$(POD_IP):9102 (default: host:port).",
+)  # fmt: skip
+@click.option(
+    "--namespace", "peer_namespace", default="preheat-system", show_default=True,
+    help="Namespace of the origin slot Leases and the preheat-settings ConfigMap.",
+)  # fmt: skip
+@click.option(
+    "--lease-seconds", type=click.FloatRange(1), default=15.0, show_default=True,
+    help="An origin slot not renewed for this long is taken over by another agent.",
+)  # fmt: skip
 def agent(
     node: str,
     store: Path,
@@ -59,6 +81,12 @@ def agent(
     max_warmups: int,
     resync: float,
     backoff: float,
+    peer_port: int | None,
+    peer_token_file: Path | None,
+    peer_host: str | None,
+    peer_url: str | None,
+    peer_namespace: str,
+    lease_seconds: float,
 ) -> None:
     """Own this node's store: warm the ModelDataCaches that target the node, write its
     NodeCache status and revision labels, lease snapshots for its pods, serve /metrics
@@ -67,6 +95,16 @@ def agent(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        peers = None
+        if (peer_port is None) != (peer_token_file is None):
+            raise ConfigError("--peer-port and --peer-token-file go together; pass both or neither")
+        if peer_port is not None and peer_token_file is not None:
+            from preheat.runtime.kubernetes.agent_peers_config import PeerConfig
+
+            peers = PeerConfig(
+                token_file=peer_token_file, port=peer_port, host=peer_host or host,
+                url=peer_url, namespace=peer_namespace, lease_seconds=lease_seconds,
+            )  # fmt: skip
         cfg = AgentConfig(
             node=node,
             store=store,
@@ -76,6 +114,7 @@ def agent(
             max_warmups=max_warmups,
             resync_s=resync,
             backoff_s=min(backoff, 30.0),
+            peers=peers,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc

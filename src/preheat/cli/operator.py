@@ -80,15 +80,40 @@ def operator(
     "--out", required=True, type=click.Path(path_type=Path),
     help="Path that becomes the snapshot (a link into the node store or a pod-local pull).",
 )  # fmt: skip
-def snapshot_init(store: Path, source: str, revision: str, digest: str | None, out: Path) -> None:
-    """Make --out the model snapshot: the node's copy when it holds one, else a pull from
-    the origin into the pod's own directory. Prints one JSON line (warm, bytes_fetched)."""
-    from preheat.runtime.kubernetes.snapshot_init import dumps, prepare_snapshot
+@click.option(
+    "--peer-token-file", type=click.Path(dir_okay=False, path_type=Path),
+    help="The cluster's peer token (the preheat-peer-token Secret, mounted): a cold pull "
+    "takes pieces from the node agents' peer servers first.",
+)  # fmt: skip
+@click.option(
+    "--peer", "peer_urls", multiple=True, metavar="URL",
+    help="A node agent's peer server (repeat it); see also --peers-from-nodecaches.",
+)  # fmt: skip
+@click.option(
+    "--peers-from-nodecaches", is_flag=True,
+    help="Take the peer URLs from the NodeCache objects (in-cluster credentials).",
+)  # fmt: skip
+def snapshot_init(
+    store: Path,
+    source: str,
+    revision: str,
+    digest: str | None,
+    out: Path,
+    peer_token_file: Path | None,
+    peer_urls: tuple[str, ...],
+    peers_from_nodecaches: bool,
+) -> None:
+    """Make --out the model snapshot: the node's copy when it holds one, else a pull (from
+    peers first when given, then the origin) into the pod's own directory. Prints one JSON
+    line (warm, bytes_fetched, bytes_from)."""
+    from preheat.runtime.kubernetes.snapshot_init import dumps, peers_for, prepare_snapshot
 
     try:
+        token, peers = peers_for(peer_token_file, peer_urls, peers_from_nodecaches)
         result = prepare_snapshot(
-            store=store, source=source, revision=revision, digest=digest, out=out
-        )
+            store=store, source=source, revision=revision, digest=digest, out=out,
+            peers=peers, token=token,
+        )  # fmt: skip
     except PreheatError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(dumps(result))

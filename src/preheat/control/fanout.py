@@ -23,6 +23,12 @@ nodes warming one revision fetch about one copy from the origin and the rest fro
 peers. ``bandwidth`` (bytes/s over every origin fill) is enforced by the fill's shared
 token bucket, not here.
 
+Across processes (Kubernetes node agents) the origin budget's slots are named objects
+(``origin_slot_names``: one per slot of ``concurrent_fills``, or one per revision without
+a budget) that a holder renews; ``pick_slot`` chooses which one a warm-up claims (its
+own, else the first free or expired one) and ``slot_holders`` turns the live ones into
+the ``running`` of ``plan_fanout``.
+
 Order is deterministic: requests are taken by (revision, node name); ranking ties are
 broken by rendezvous hashing of (key, peer), so concurrent pieces of one blob spread
 over different peers without coordination and every caller computes the same order.
@@ -35,7 +41,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Budget", "Candidate", "Mode", "WarmRequest", "plan_fanout", "rank_peers"]
+__all__ = [
+    "Budget",
+    "Candidate",
+    "Mode",
+    "Slot",
+    "WarmRequest",
+    "origin_slot_names",
+    "pick_slot",
+    "plan_fanout",
+    "rank_peers",
+    "slot_holders",
+]
 
 
 class Mode(StrEnum):
@@ -145,3 +162,55 @@ def _neg(hexdigest: str) -> str:
 
 
 _FLIP = str.maketrans("0123456789abcdef", "fedcba9876543210")
+
+
+# --- origin slots shared by processes (Kubernetes Leases) ---------------------------------
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One origin slot as last read: ``holder`` (``node/revision``, None when free) and
+    when it was last renewed (seconds) with its duration; past that it is expired."""
+
+    name: str
+    holder: str | None = None
+    renewed: float | None = None
+    duration: float = 15.0
+
+    def live(self, now: float) -> bool:
+        return self.holder is not None and (
+            self.renewed is None or now < self.renewed + self.duration
+        )
+
+
+def origin_slot_names(
+    budget: Budget, revision: str, prefix: str = "preheat-origin"
+) -> tuple[str, ...]:
+    """The slot names a warm-up of ``revision`` may claim: ``concurrent_fills`` cluster-wide
+    slots (``<prefix>-0`` ...), or one slot of its own revision without a budget."""
+    if budget.concurrent_fills is None:
+        return (f"{prefix}-{revision.removeprefix('sha256:')[:12].lower()}",)
+    return tuple(f"{prefix}-{i}" for i in range(budget.concurrent_fills))
+
+
+def slot_holders(slots: Iterable[Slot], now: float) -> set[tuple[str, str]]:
+    """(node, revision) of every live slot (the ``running`` of ``plan_fanout``)."""
+    out = set()
+    for s in slots:
+        if s.live(now) and s.holder is not None:
+            node, _, rev = s.holder.partition("/")
+            out.add((node, rev))
+    return out
+
+
+def pick_slot(slots: Iterable[Slot], me: str, now: float) -> Slot | None:
+    """The slot holder ``me`` should claim or renew: the one it already holds, else the
+    first (by name) that is free or whose holder stopped renewing; None: all are taken."""
+    ordered = sorted(slots, key=lambda s: s.name)
+    for s in ordered:
+        if s.holder == me:
+            return s
+    for s in ordered:
+        if not s.live(now):
+            return s
+    return None

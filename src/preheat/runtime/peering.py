@@ -37,9 +37,20 @@ from preheat.store.fill import RateLimiter
 from preheat.store.layout import Layout
 from preheat.store.peer_server import PeerServer
 
-__all__ = ["Admission", "FleetPeers"]
+__all__ = ["Admission", "FleetPeers", "resolve_blobs"]
 
 _POLL = 0.25  # seconds between looks while a warm-up waits for a seed or a slot
+
+
+async def resolve_blobs(source: str) -> tuple[str, frozenset[str]]:
+    """The revision ``source`` names now and the sha256 digests of the blobs its manifest
+    lists (the blobs a peer may serve; files without a sha256 come from the origin only)."""
+    src = open_source(source)
+    try:
+        res = await src.resolve()
+    finally:
+        await src.aclose()
+    return res.revision, frozenset(f.sha256 for f in res.manifest.files if f.sha256 is not None)
 
 
 @dataclass
@@ -110,13 +121,7 @@ class FleetPeers:
         """The sha256 digests a revision's manifest lists (resolved once per revision)."""
         known = self._blobs.get(revision)
         if known is None:
-            src = open_source(source)
-            try:
-                res = await src.resolve()
-            finally:
-                await src.aclose()
-            known = frozenset(f.sha256 for f in res.manifest.files if f.sha256 is not None)
-            self._blobs[revision] = known
+            known = self._blobs[revision] = (await resolve_blobs(source))[1]
         return known
 
     def _complete(self, digests: frozenset[str]) -> dict[str, frozenset[str]]:
@@ -156,6 +161,13 @@ class FleetPeers:
                     await asyncio.wait_for(self._changed.wait(), _POLL)
         finally:
             self._pending.pop(key, None)
+
+    async def fill_for(self, node: str) -> PeerFill:
+        """The peer side of a pull into ``node`` outside the fan-out (a replica's own pull
+        on a cold node): pieces that peers hold come from them, the rest from the origin;
+        it takes no origin slot (the replica is waiting for its weights)."""
+        await self.ensure_servers()
+        return PeerFill(self._client, self, node, self._members[node].book)
 
     def release(self, node: str, revision: str) -> None:
         """A warm-up ended (either way): its origin slot, if any, is free again."""

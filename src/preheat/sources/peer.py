@@ -156,6 +156,8 @@ class PeerFill:
                 if name in failed:
                     continue
                 digests = await self._digests(digest, prog.size, prog.chunk, name, base)
+                if digests is not None and not digests[index]:
+                    continue  # a seed filling from the origin has not landed this piece
                 if digests is None:
                     self.peer_failures += 1
                     failed.add(name)
@@ -174,12 +176,18 @@ class PeerFill:
                 self._sources.setdefault(digest, set()).add(name)
                 return
         await origin()
+        if digest is not None and prog.filled[index] >= end - start:
+            # served to peers while this fill runs (pieces.PieceBook.landed)
+            landed = await asyncio.get_running_loop().run_in_executor(
+                ctx.executor, _hash_range, fd, start, end
+            )
+            self.book.landed(digest, prog.size, prog.chunk, index, landed)
 
     async def _digests(
         self, digest: str, size: int, chunk: int, name: str, base: str
     ) -> tuple[str, ...] | None:
         known = self._lists.get(digest)
-        if known is not None:
+        if known is not None and all(known[0]):
             return known[0]
         data = await self.client.piece_list(base, digest)
         if data is None:
@@ -190,7 +198,7 @@ class PeerFill:
             or data.get("piece") != chunk
             or not isinstance(digests, list)
             or len(digests) != piece_count(size, chunk)
-            or not all(isinstance(d, str) and len(d) == 64 for d in digests)
+            or not all(isinstance(d, str) and len(d) in (0, 64) for d in digests)
         ):
             return None  # not this blob, or another piece size: the origin serves it
         listed = tuple(digests)

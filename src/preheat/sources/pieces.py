@@ -6,13 +6,15 @@ verified (``piece_digests``); peers hand it out with the blob (``GET
 /blobs/sha256:<hex>/pieces``).
 
 Why pieces are verified against a list: a blob has one sha256, so no part of a blob
-can be checked before all of it is there. A node filling from the origin therefore
-serves nothing of a blob until it is published (complete and verified). A node filling
+can be checked before all of it is there. A node filling
 from peers holds the piece list and checks every piece against it as the piece lands,
 before the piece counts as written; those pieces, and only those, are *verified* and
-it serves them to other peers while its fill runs (``PieceBook``). The whole blob is
-still checked against the manifest's sha256 at the end, as from any origin: a piece
-list that lied fails there and its sender is avoided.
+it serves them to other peers while its fill runs (``PieceBook``). A node filling *from
+the origin* serves each piece once it has landed, under the sha256 of its bytes as they
+landed (``PieceBook.landed``): a receiver checks its pieces against that list, which is
+only as good as the seed's origin bytes. The whole blob is still checked against the
+manifest's sha256 at the end, as from any origin: a piece list that lied (or a seed's
+corrupt origin bytes) fails there, its sender is avoided and the origin is used.
 """
 
 from __future__ import annotations
@@ -79,9 +81,32 @@ class PieceBook:
 
     def start(self, digest: str, size: int, piece: int, digests: tuple[str, ...]) -> PartialBlob:
         entry = self._blobs.get(digest)
-        if entry is None or entry.digests != digests:
-            entry = self._blobs[digest] = PartialBlob(size, piece, digests)
+        if entry is not None and (entry.size, entry.piece) == (size, piece):
+            pairs = list(zip(entry.digests, digests, strict=False))
+            if len(pairs) == len(digests) and all(a == b or not a or not b for a, b in pairs):
+                # the same list, or one that names more pieces (a seed still filling)
+                entry.digests = tuple(a or b for a, b in pairs)
+                return entry
+        entry = self._blobs[digest] = PartialBlob(size, piece, digests)
         return entry
+
+    def landed(self, digest: str, size: int, piece: int, index: int, sha256: str) -> None:
+        """Piece ``index`` of a fill *from the origin* is on disk with this sha256 (hashed
+        from the bytes as they landed): it is served under that piece digest while the
+        fill runs (``""`` in the list marks pieces not landed yet). A piece whose digest a
+        peer's list gave already counts only when it matches."""
+        entry = self._blobs.get(digest)
+        if entry is None:
+            n = -(-size // piece) if size else 1
+            entry = self._blobs[digest] = PartialBlob(size, piece, ("",) * n)
+        if entry.size != size or entry.piece != piece or not 0 <= index < len(entry.digests):
+            return
+        known = entry.digests[index]
+        if known == "":
+            entry.digests = (*entry.digests[:index], sha256, *entry.digests[index + 1 :])
+        elif known != sha256:
+            return
+        entry.verified.add(index)
 
     def verified(self, digest: str, index: int) -> None:
         entry = self._blobs.get(digest)

@@ -5,12 +5,14 @@ Routes (read-only, digest-addressed; anything else is 404, any other method 405)
 ``GET|HEAD /blobs/sha256:<hex>``
     The blob's bytes, one ``Range: bytes=a-b`` per request (206), or all of it (200).
     A published blob (complete and verified) is served whole, by sendfile. A blob the
-    node is still filling *from peers* is served from its partial file for ranges that
-    lie entirely in pieces it has verified against the piece list (``store.pieces``);
-    other ranges are 416, a blob the node does not hold is 404.
+    node is still filling is served from its partial file for ranges that lie entirely
+    in pieces it holds: verified against the piece list (a fill from peers) or landed
+    and hashed (a fill from the origin, ``sources.pieces.PieceBook.landed``); other
+    ranges are 416, a blob the node does not hold is 404.
 ``GET /blobs/sha256:<hex>/pieces``
     JSON ``{"size", "piece", "digests", "complete", "have"}``: the piece list (hashed
-    from the published blob once, then kept) and the verified pieces.
+    from the published blob once, then kept; ``""`` for a piece of an origin fill that
+    has not landed yet) and the pieces held.
 
 Every request needs ``Authorization: Bearer <cluster token>`` (compared in constant
 time); without it the answer is 401 and nothing about the store. The token is held in

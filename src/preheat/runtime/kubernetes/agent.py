@@ -92,6 +92,17 @@ class NodeAgent:
             cfg, self.store, (self.core, self.custom), self.metrics, self.warmups, self._wanted
         )
         self._stop = threading.Event()
+        # peers (docs/peers.md): serve the store, fill from peers within the origin budget
+        self.peers = None
+        if cfg.peers is not None:
+            from preheat.runtime.kubernetes.agent_peers import AgentPeers
+
+            self.peers = AgentPeers(
+                cfg.node, cfg.peers, self.store, api_client, self.metrics.telemetry.registry
+            )
+            self.nodecache.extra.append(self.peers.status_fields)
+            peers = self.peers
+            self.warmups.puller = lambda s, r, p: peers.pull(s, r, p, self._write_status)
 
     # --- watches (threads) --------------------------------------------------------------
 
@@ -258,6 +269,8 @@ class NodeAgent:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
+            if self.peers is not None:
+                await self.peers.start()
             site = web.TCPSite(runner, self.cfg.host, self.cfg.port)
             await site.start()
             port = runner.addresses[0][1]
@@ -273,6 +286,8 @@ class NodeAgent:
         finally:
             self._stop.set()
             self.warmups.cancel_all()
+            if self.peers is not None:
+                await self.peers.aclose()
             await runner.cleanup()
 
 

@@ -8,10 +8,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preheat.artifacts.refs import redact_url
 from preheat.errors import ConfigError
+
+if TYPE_CHECKING:
+    from preheat.runtime.kubernetes.agent_peers_config import PeerConfig
 
 __all__ = ["AgentConfig", "api_client_from", "describe_error"]
 
@@ -29,6 +32,8 @@ class AgentConfig:
     resync_s: float = 10.0
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
+    #: Serve and use peers (``--peer-port``/``--peer-token-file``); None: origin only.
+    peers: PeerConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.node:

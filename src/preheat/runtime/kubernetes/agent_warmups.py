@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from preheat.errors import PreheatError
 from preheat.runtime.kubernetes.agent_config import AgentConfig
 from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
 from preheat.store import NodeStore
+from preheat.store.results import PullResult
 from preheat.telemetry.inventory import WarmupFailure
 
 __all__ = ["Warm", "Warmups"]
@@ -49,6 +51,9 @@ class Warmups:
         self.resolved: dict[str, str] = {}
         self._dirty = dirty
         self._sem = asyncio.Semaphore(cfg.max_warmups)
+        #: ``(source, revision, progress) -> PullResult`` replacing the store's own pull
+        #: (the agent's peers, ``agent_peers.AgentPeers.pull``); None: ``store.apull``.
+        self.puller: Callable[..., Awaitable[PullResult]] | None = None
 
     def apply_policies(self, targeting: list[dict[str, Any]]) -> None:
         """Pin a held snapshot while a targeting cache says ``pin``, give it the highest
@@ -114,7 +119,12 @@ class Warmups:
                     def progress(done: int, total: int) -> None:
                         w.done = done
 
-                    res = await self.store.apull(w.source, revision=w.revision, progress=progress)
+                    if self.puller is not None:
+                        res = await self.puller(w.source, w.revision, progress)
+                    else:
+                        res = await self.store.apull(
+                            w.source, revision=w.revision, progress=progress
+                        )
                 self.metrics.fetched.inc(res.bytes_fetched)
                 self.resolved[w.source] = res.revision
                 self.metrics.warmups.labels("ok").inc()

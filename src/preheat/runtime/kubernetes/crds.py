@@ -476,6 +476,31 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
                 "lastFailure": _obj(
                     {"time": _str(format="date-time"), "reason": _str(), "message": _str()}
                 ),
+                # peers (docs/peers.md): where this node serves its blobs, which it holds
+                "peer": _obj(
+                    {
+                        "url": _str("The agent's peer blob server (token from a Secret)."),
+                        "blobs": _list(_str(), "sha256 of the blobs of held revisions."),
+                    }
+                ),
+                "warmups": _list(
+                    _obj(
+                        {
+                            "revision": _str(),
+                            "mode": _str(enum=["origin", "peer", "cache"]),
+                            "seconds": _num(minimum=0),
+                            "bytesFrom": _obj(
+                                {
+                                    "origin": _int(minimum=0),
+                                    "peer": _int(minimum=0),
+                                    "cache": _int(minimum=0),
+                                }
+                            ),
+                        },
+                        required=("revision", "mode"),
+                    ),
+                    "The last finished warm-ups and where their bytes came from.",
+                ),
             }
         ),
         [

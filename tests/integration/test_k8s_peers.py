@@ -1,0 +1,290 @@
+"""Peer-to-peer warm-up between node agents on a real v1.20.2 control plane.
+
+Three stand-in nodes, one `preheat agent --peer-port ... --peer-token-file ...` process per
+node (authenticated as the preheat-agent ServiceAccount, bound to the rendered agent
+ClusterRole and its namespaced peer Role), the origin budget in the rendered
+`preheat-settings` ConfigMap, and a real nginx origin whose access log counts every body
+byte it sends. What is checked: bytes at the origin, NodeCache status (`peer`,
+`warmups`), the origin slot Leases, `/metrics`, and the peer servers' answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from preheat.bench.models import generate_model, write_http_manifest
+from preheat.runtime.kubernetes.render import system_manifests
+from preheat.runtime.procs import start_process
+from preheat.store import NodeStore
+from preheat.testing.kube import (
+    KubeCluster,
+    KubeUnavailable,
+    find_kube_bin,
+    kube_cluster,
+    write_kubeconfig,
+)
+from preheat.testing.origins import HttpOrigin, nginx_origin, origin_bytes_sent
+from preheat.testing.procs import free_port
+from tests.integration.test_k8s_agent import MDC, Agent, _create_cache, _nodecache, _until
+
+pytestmark = pytest.mark.kubernetes
+
+NODES = ("node-a", "node-b", "node-c")
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/preheat-system/leases"
+SETTINGS = "/api/v1/namespaces/preheat-system/configmaps/preheat-settings"
+SIZE_1 = 40_000_000  # 2 shards of 20 MB: 2 pieces of 16 MiB each
+SIZE_2 = 32_000_000
+
+
+class PeerAgent(Agent):
+    """An agent serving peers on its own port with the token from a file."""
+
+    def __init__(self, node: str, store: Path, kubeconfig: Path, log: Path, token: Path) -> None:
+        super().__init__(node, store, kubeconfig, log)
+        self.token_file = token
+        self.peer_port = free_port()
+
+    def start(self) -> None:
+        exe = Path(sys.executable).parent / "preheat"
+        argv = [
+            str(exe), "agent", "--node", self.node, "--store", str(self.store),
+            "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.port),
+            "--resync", "1", "--backoff", "0.3", "--peer-port", str(self.peer_port),
+            "--peer-token-file", str(self.token_file), "--lease-seconds", "3",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        self.proc = start_process(argv, self.log, env=env, inherit_env=False)
+        _until(f"agent {self.node} serving", lambda: self.get("/inventory"))
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+
+@dataclass
+class World:
+    kube: KubeCluster
+    origin: HttpOrigin
+    access_log: Path
+    urls: dict[str, str]  # model name -> manifest URL
+    token: str
+    agents: dict[str, PeerAgent]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The control plane, the rendered agent RBAC and settings (concurrentFills 1), two
+    models behind nginx, a token file, and one peer-serving agent per node."""
+    try:
+        bin_dir = find_kube_bin()
+    except KubeUnavailable as exc:
+        pytest.skip(str(exc))
+    base = tmp_path_factory.mktemp("k8s-peers")
+    for name, size in (("m1", SIZE_1), ("m2", SIZE_2)):
+        generate_model(base / "origin" / name, size, shards=2, seed=len(name) + size % 7)
+        write_http_manifest(base / "origin" / name)
+    token = secrets.token_urlsafe(32)
+    token_file = base / "peer-token"
+    token_file.write_text(token + "\n")
+    log = base / "access.log"
+    with (
+        kube_cluster(
+            base / "kube", nodes={n: {} for n in NODES}, crds=True, bin_dir=bin_dir
+        ) as kube,
+        nginx_origin(base / "origin", access_log=log) as origin,
+    ):
+        system = [
+            m
+            for m in system_manifests()
+            if m["kind"] in {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"}
+            or (
+                m["metadata"]["name"] == "preheat-agent"
+                and m["kind"] in {"ClusterRole", "ClusterRoleBinding"}
+            )
+        ]
+        kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(system))
+        _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+        sa = kube.service_account_token("preheat-system", "preheat-agent")
+        conf = write_kubeconfig(
+            base / "agent.kubeconfig", server=kube.server, ca_file=kube.ca_file, token=sa,
+            user="preheat-agent",
+        )  # fmt: skip
+        agents = {
+            n: PeerAgent(n, base / n / "store", conf, base / f"{n}.log", token_file) for n in NODES
+        }
+        try:
+            for a in agents.values():
+                a.start()
+            urls = {m: origin.url(f"{m}/preheat-manifest.json") for m in ("m1", "m2")}
+            yield World(kube, origin, log, urls, token, agents)
+        finally:
+            for a in agents.values():
+                a.stop()
+
+
+def _set_settings(kube: KubeCluster, settings: dict[str, Any]) -> None:
+    patch = {"data": {"settings.yaml": yaml.safe_dump(settings)}}
+    kube.rest().must("PATCH", SETTINGS, patch, content_type="application/merge-patch+json")
+
+
+def _ready(kube: KubeCluster, node: str, revision: str | None = None) -> dict[str, Any] | None:
+    status = _nodecache(kube, node).get("status") or {}
+    for r in status.get("revisions") or ():
+        if r["state"] == "Ready" and (revision is None or r["revision"] == revision):
+            return status
+    return None
+
+
+def _warmups(kube: KubeCluster, node: str, revision: str) -> dict[str, Any] | None:
+    status = _nodecache(kube, node).get("status") or {}
+    found = [w for w in status.get("warmups") or () if w["revision"] == revision]
+    return found[-1] if found else None
+
+
+def test_three_agents_fetch_one_copy_from_the_origin_and_the_rest_from_peers(
+    world: World,
+) -> None:
+    """With concurrentFills 1 and a stale origin slot Lease held by a dead agent, the slot
+    is taken over after its duration, one agent fills from the origin, the other two from
+    peers: nginx sends <= 1.10x the model, each NodeCache lists its peer URL and blobs,
+    status.warmups and /metrics say where the bytes came from, and the slot ends free."""
+    kube = world.kube
+    ghost = {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "preheat-origin-0", "labels": {"preheat.dev/origin-slot": "true"}},
+        "spec": {"holderIdentity": "gone-node/x", "leaseDurationSeconds": 3,
+                 "renewTime": "2020-01-01T00:00:00.000000Z"},
+    }  # fmt: skip
+    kube.rest().must("POST", LEASES, ghost)
+    sent_before = origin_bytes_sent(world.access_log)
+    revision, manifest = NodeStore(world.access_log.parent / "probe").resolve(world.urls["m1"])
+    _create_cache(kube, "m1", world.urls["m1"], revision, list(NODES))
+    for n in NODES:
+        _until(f"{n} Ready", lambda n=n: _ready(kube, n, revision), timeout=90)
+        _until(f"{n} warm-up recorded", lambda n=n: _warmups(kube, n, revision), timeout=30)
+    size = sum(f.size for f in manifest.files)
+    sent = origin_bytes_sent(world.access_log) - sent_before
+    assert sent <= 1.10 * size, f"origin sent {sent} bytes for a {size}-byte model"
+    records = {n: _warmups(kube, n, revision) for n in NODES}
+    modes = sorted(r["mode"] for r in records.values() if r)
+    assert modes == ["origin", "peer", "peer"], records
+    blobs = {f.sha256 for f in manifest.files if f.sha256}
+    for n, rec in records.items():
+        assert rec is not None and sum(rec["bytesFrom"].values()) == size, (n, rec)
+        if rec["mode"] == "peer":
+            assert rec["bytesFrom"]["peer"] == size and not rec["bytesFrom"]["origin"]
+        status = _nodecache(kube, n)["status"]
+        assert status["peer"]["url"] == world.agents[n].peer_url
+        assert blobs <= set(status["peer"]["blobs"])
+        line = f'preheat_warmup_bytes{{node="{n}",revision="{revision}",source="{rec["mode"]}"}}'
+        assert world.agents[n].metric(line) == rec["bytesFrom"][rec["mode"]], line
+    print(f"\nk8s peers: origin sent {sent} B for a {size} B model ({sent / size:.4f}x); "
+          f"warm-ups {json.dumps(records, sort_keys=True)}")  # fmt: skip
+    seed = next(n for n, r in records.items() if r and r["mode"] == "origin")
+    assert "took over origin slot preheat-origin-0 from gone-node/x" in (
+        world.agents[seed].log.read_text()
+    )
+    lease = kube.rest().get(f"{LEASES}/preheat-origin-0")
+    assert not lease["spec"].get("holderIdentity"), lease  # freed when the fill ended
+
+
+def test_an_agent_killed_mid_serve_costs_a_retry_not_a_failed_warm_up(world: World) -> None:
+    """node-c warms a 32 MB revision from node-a and node-b at 8 MB/s (origin.bandwidth, the node link);
+    node-a is SIGKILLed while node-c is part-way: node-c still ends Ready with every byte
+    verified, no failed warm-up, and its bytes from peers (and the origin for what node-a
+    did not deliver)."""
+    kube, a = world.kube, world.agents["node-a"]
+    revision, manifest = NodeStore(world.access_log.parent / "probe2").resolve(world.urls["m2"])
+    size = sum(f.size for f in manifest.files)
+    _create_cache(kube, "m2", world.urls["m2"], revision, ["node-a", "node-b"])
+    for n in ("node-a", "node-b"):
+        _until(f"{n} Ready", lambda n=n: _ready(kube, n, revision), timeout=90)
+    _set_settings(kube, {"origin": {"bandwidth": "8MB/s"}})
+    patch = {"spec": {"nodes": {"names": list(NODES)}}}
+    kube.rest().must("PATCH", f"{MDC}/m2", patch, content_type="application/merge-patch+json")
+
+    def filling() -> int | None:
+        for r in (_nodecache(kube, "node-c").get("status") or {}).get("revisions") or ():
+            if r["revision"] == revision and r["state"] == "Filling" and r.get("bytes"):
+                return int(r["bytes"])
+        return None
+
+    done_at_kill = _until("node-c part-way", filling, timeout=60)
+    a.kill()
+    try:
+        assert done_at_kill < size
+        _until("node-c Ready", lambda: _ready(kube, "node-c", revision), timeout=90)
+        rec = _until("node-c recorded", lambda: _warmups(kube, "node-c", revision), timeout=30)
+        assert rec["mode"] == "peer" and sum(rec["bytesFrom"].values()) == size, rec
+        assert rec["bytesFrom"]["peer"] > 0
+        print(f"\nk8s peers, node-a killed at {done_at_kill} of {size} B: node-c {rec}")
+        assert world.agents["node-c"].metric('preheat_agent_warmups_total{outcome="failed"}') == 0
+        store = NodeStore(world.agents["node-c"].store)
+        assert store.verify(quarantine=False).ok
+    finally:
+        _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+        a.start()
+
+
+def test_snapshot_init_on_a_cold_node_fills_from_the_agents_peers(
+    world: World, tmp_path: Path
+) -> None:
+    """`preheat snapshot-init` with the token file and an agent's peer URL, on a node store
+    without the snapshot, takes every model byte from the peer (nginx sends only the
+    manifest) and links --out to a verified snapshot."""
+    revision, manifest = NodeStore(tmp_path / "probe").resolve(world.urls["m1"])
+    size = sum(f.size for f in manifest.files)
+    sent_before = origin_bytes_sent(world.access_log)
+    exe = Path(sys.executable).parent / "preheat"
+    argv = [
+        str(exe), "snapshot-init", "--store", str(tmp_path / "node-store"),
+        "--source", world.urls["m1"], "--revision", revision, "--digest", manifest.digest,
+        "--out", str(tmp_path / "pod" / "model"),
+        "--peer-token-file", str(world.agents["node-b"].token_file),
+        "--peer", world.agents["node-b"].peer_url,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["warm"] and out["bytes_from"] == {"peer": size}, out
+    assert origin_bytes_sent(world.access_log) - sent_before < 64 << 10
+    assert NodeStore(tmp_path / "pod" / "store").verify(quarantine=False).ok
+    assert world.token not in proc.stdout + proc.stderr
+
+
+def _peer_get(url: str, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_peer_servers_want_the_token_and_never_show_it(world: World) -> None:
+    """An agent's peer server answers 401 without the token or with a wrong one, 200 with
+    it; the token is in no agent log and no NodeCache."""
+    kube, b = world.kube, world.agents["node-b"]
+    status = _until("node-b holds a blob", lambda: _ready(kube, "node-b"))
+    digest = status["peer"]["blobs"][0]
+    url = f"{b.peer_url}/blobs/sha256:{digest}/pieces"
+    assert _peer_get(url, {}) == 401
+    assert _peer_get(url, {"Authorization": "Bearer " + "x" * 43}) == 401
+    assert _peer_get(url, {"Authorization": f"Bearer {world.token}"}) == 200
+    for a in world.agents.values():
+        assert world.token not in a.log.read_text()
+    every = json.dumps(kube.rest().get("/apis/preheat.dev/v1alpha1/nodecaches"))
+    assert world.token not in every
