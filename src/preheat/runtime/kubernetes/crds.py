@@ -140,6 +140,13 @@ def _model() -> Schema:
                 "Artifact ref: file:///dir, http(s)://.../preheat-manifest.json, s3://bucket/prefix."
             ),
             "revision": _str("Optional manifest digest the source must resolve to."),
+            "fallback": _list(
+                _obj(
+                    {"source": _str("Artifact ref."), "revision": _str("Optional pin.")},
+                    required=("source",),
+                ),
+                "Other allowed versions, in order, used only while this one is revoked.",
+            ),
         },
         required=("source",),
     )
