@@ -57,6 +57,8 @@ class NodeCacheWriter:
         self.wanted = wanted
         self.node_labels: dict[str, str] = {}
         self.written: dict[str, Any] | None = None
+        #: Extra status fields other agent parts own: field -> its current value.
+        self.extras: dict[str, Callable[[], Any]] = {}
 
     def _call(self, op: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         try:
@@ -105,7 +107,7 @@ class NodeCacheWriter:
             eviction_order=[c.digest for c in self.store.eviction_candidates()[:3]],
             last_failure=failure_condition(self.warmups.last_failure),
             previous=obj.get("status") or {},
-        )
+        ) | {k: fn() for k, fn in self.extras.items()}
 
     def write_status(self) -> bool:
         """Write the NodeCache status when it changed; returns whether it wrote."""
