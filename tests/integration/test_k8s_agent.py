@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes import config as kube_config
 
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.runtime.kubernetes.nodecache_status import (
@@ -33,6 +35,7 @@ from preheat.runtime.kubernetes.nodecache_status import (
     targets_node,
 )
 from preheat.runtime.kubernetes.render import system_manifests
+from preheat.runtime.kubernetes.revocations import sync_revocation_statuses
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
 from preheat.testing.kube import (
@@ -339,6 +342,54 @@ def test_agents_stay_within_the_rendered_role(agents: dict[str, Agent]) -> None:
         errors = [x for x in a.get("/metrics").splitlines() if x.startswith("preheat_agent_api_e")]
         assert a.metric("preheat_agent_api_errors_total") == 0, errors
         assert "403" not in a.log.read_text() and "Forbidden" not in a.log.read_text()
+
+
+def test_a_cluster_revocation_reaches_the_agents_and_lifts(
+    kube: KubeCluster, agents: dict[str, Agent], model: Model, tmp_path: Path
+) -> None:
+    """A Revocation (by manifest digest) removes the revision from node-b's store and
+    refuses its warm-up there; every agent lists the key in its NodeCache and the
+    Revocation's status says it is applied on all nodes; deleting it lets node-b warm the
+    revision again."""
+    generate_model(model.root / "rv", 400_000, shards=1, seed=5)
+    write_http_manifest(model.root / "rv")
+    url = model.origin.url("rv/preheat-manifest.json")
+    revision, manifest = NodeStore(tmp_path / "probe").resolve(url)
+    _create_cache(kube, "rvk", url, revision, ["node-b"])
+    _until("node-b Ready", lambda: _ready_revision(kube, "node-b", revision))
+    key = f"sha256:{manifest.digest}"
+    rvk = "/apis/preheat.dev/v1alpha1/revocations"
+    kube.rest().must("POST", rvk, {
+        "apiVersion": "preheat.dev/v1alpha1", "kind": "Revocation",
+        "metadata": {"name": "cve-1"}, "spec": {"key": key, "reason": "CVE-2026-0001"},
+    })  # fmt: skip
+    store = NodeStore(agents["node-b"].store)
+    _until("removed from node-b", lambda: not store.has(revision))
+
+    def listed(node: str) -> bool:
+        status = _nodecache(kube, node).get("status") or {}
+        return any(r["key"] == key for r in status.get("revocations") or ())
+
+    for node in NODES:
+        _until(f"{node} lists the key", lambda n=node: listed(n))
+    assert store.revoked()[key][0] == "CVE-2026-0001"
+    failure = _until(
+        "warm-up refused", lambda: _nodecache(kube, "node-b")["status"].get("lastFailure")
+    )
+    assert "revoked" in failure["message"], failure
+    assert _ready_revision(kube, "node-b", revision) is None
+    api = kube_config.new_client_from_config(str(kube.kubeconfig))
+    try:
+        assert sync_revocation_statuses(client.CustomObjectsApi(api), "2026-12-01T00:00:00Z") == 1
+    finally:
+        api.close()
+    st = kube.rest().get(f"{rvk}/cve-1")["status"]
+    assert st["appliedNodes"] == sorted(NODES)
+    assert [(c["type"], c["status"]) for c in st["conditions"]] == [("Ready", "True")]
+    kube.rest().must("DELETE", f"{rvk}/cve-1")
+    _until("node-b warms again", lambda: _ready_revision(kube, "node-b", revision), 30)
+    assert key not in store.revoked()
+    kube.rest().must("DELETE", f"{MDC}/rvk")
 
 
 def test_label_goes_when_the_revision_leaves_the_store(

@@ -32,6 +32,7 @@ from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.k8s_executor import KubeExecutor
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import endpoint_object
+from preheat.runtime.kubernetes.workload import REVISION_ANNOTATION
 from preheat.runtime.procs import start_process
 from preheat.runtime.reconcile import ReconcileLoop
 from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, kube_cluster
@@ -50,6 +51,8 @@ class World:
     kube: KubeCluster
     source: str
     api: client.ApiClient
+    origin_dir: Path
+    origin_url: Any
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
     def executor(self, name: str) -> tuple[KubeExecutor, ReconcileLoop]:
@@ -61,10 +64,12 @@ class World:
         executor = KubeExecutor(self.api, NS, name, emit=emit)
         return executor, ReconcileLoop(executor, FleetLog(None))
 
-    def apply_endpoint(self, name: str, replicas: int, **cache: Any) -> None:
+    def apply_endpoint(
+        self, name: str, replicas: int, fallback: tuple[str, ...] = (), **cache: Any
+    ) -> None:
         doc: dict[str, Any] = {
             "name": name,
-            "model": {"source": self.source},
+            "model": {"source": self.source, "fallback": [{"source": f} for f in fallback]},
             "engine": {"simulated": {"profile": "tiny"}},
             "replicas": {"min": replicas, "max": 8},
         }
@@ -125,7 +130,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             kube.rest().must("POST", "/api/v1/nodes", _node(name, {"pool": "gpu"}))
         api = kube_config.new_client_from_config(str(kube.kubeconfig))
         try:
-            yield World(kube, nginx.url("m/preheat-manifest.json"), api)
+            yield World(kube, nginx.url("m/preheat-manifest.json"), api, base / "origin", nginx.url)
         finally:
             api.close()
 
@@ -327,3 +332,48 @@ def test_a_killed_and_restarted_operator_process_carries_on_without_duplicates(
     ]
     assert world.items(f"{APPS}/deployments?{sel}") == []
     assert variant()["gateSince"] == since
+
+
+def test_a_revoked_revision_rolls_to_the_fallback_or_degrades(world: World) -> None:
+    """A Revocation of the endpoints' revision: the one with a model.fallback gets its
+    Deployment rolled to the fallback revision (Progressing RollingToFallback, a Revoked
+    Event); the one without keeps its Deployment and reports Degraded=True Revoked.
+    Deleting the Revocation rolls the first back."""
+    generate_model(world.origin_dir / "m0", 150_000, shards=1, seed=9)
+    write_http_manifest(world.origin_dir / "m0")
+    fb = world.origin_url("m0/preheat-manifest.json")
+    world.apply_endpoint("fb", 1, fallback=(fb,))
+    world.apply_endpoint("nofb", 1)
+    loops = {n: world.executor(n) for n in ("fb", "nofb")}
+    for _, loop in loops.values():
+        _passes(loop, 2)
+
+    def revision(name: str) -> str:
+        dep = world.get(f"{APPS}/deployments/{name}-main")
+        return str(dep["spec"]["template"]["metadata"]["annotations"][REVISION_ANNOTATION])
+
+    r1 = revision("fb")
+    assert revision("nofb") == r1
+    rvk = "/apis/preheat.dev/v1alpha1/revocations"
+    world.kube.rest().must("POST", rvk, {
+        "apiVersion": "preheat.dev/v1alpha1", "kind": "Revocation",
+        "metadata": {"name": "withdrawn"}, "spec": {"key": r1, "reason": "withdrawn"},
+    })  # fmt: skip
+    world.events.clear()
+    for _, loop in loops.values():
+        _passes(loop, 3)
+        assert loop.log.errors == 0, list(loop.log.messages)
+    r0 = revision("fb")
+    assert r0 != r1 and loops["fb"][0].fallbacks["main"][0].revision == r0
+    prog = world.condition("fb", "Progressing")
+    assert (prog["status"], prog["reason"]) == ("True", "RollingToFallback"), prog
+    assert revision("nofb") == r1
+    deg = world.condition("nofb", "Degraded")
+    assert (deg["status"], deg["reason"]) == ("True", "Revoked") and "fallback" in deg["message"]
+    revoked = [(n, m) for n, r, m in world.events if r == "Revoked"]
+    assert {n for n, _ in revoked} == {"fb", "nofb"} and len(revoked) == 2  # once each
+    world.kube.rest().must("DELETE", f"{rvk}/withdrawn")
+    for _, loop in loops.values():
+        _passes(loop, 2)
+    assert revision("fb") == r1
+    assert world.condition("nofb", "Degraded")["status"] == "False"

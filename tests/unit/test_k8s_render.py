@@ -26,7 +26,11 @@ EXAMPLE = ROOT / "examples" / "endpoint.yaml"
 
 TWO_VARIANTS = {
     "name": "code",
-    "model": {"source": "s3://models/coder", "revision": "sha256:" + "a" * 64},
+    "model": {
+        "source": "s3://models/coder",
+        "revision": "sha256:" + "a" * 64,
+        "fallback": [{"source": "s3://models/coder-prev", "revision": "sha256:" + "b" * 64}],
+    },
     "image": "registry.local/vllm:0.6",
     "engine": {"command": "vllm serve {snapshot} --port {port} --served-model-name {model}"},
     "replicas": {"min": 1, "max": 3},
@@ -104,12 +108,15 @@ def test_unknown_pod_override_is_rejected_with_the_fields_it_takes(tmp_path: Pat
 
 
 def test_crds_are_structural_with_status_and_printer_columns() -> None:
-    """Four v1 CRDs in preheat.dev/v1alpha1; each has a status subresource, printer
+    """Five v1 CRDs in preheat.dev/v1alpha1; each has a status subresource, printer
     columns, the four condition types, and the scope the design table gives it."""
     crds = {c["spec"]["names"]["kind"]: c for c in custom_resource_definitions()}
-    assert set(crds) == {"InferenceEndpoint", "ModelDataCache", "ModelImageCache", "NodeCache"}
+    assert set(crds) == {
+        "InferenceEndpoint", "ModelDataCache", "ModelImageCache", "NodeCache", "Revocation"
+    }  # fmt: skip
     scopes = {k: c["spec"]["scope"] for k, c in crds.items()}
     assert scopes["NodeCache"] == "Cluster" and scopes["InferenceEndpoint"] == "Namespaced"
+    assert scopes["Revocation"] == "Cluster"
     for crd in crds.values():
         (version,) = crd["spec"]["versions"]
         assert crd["spec"]["group"] == "preheat.dev" and version["name"] == "v1alpha1"
@@ -153,7 +160,7 @@ def test_render_cli_prints_endpoint_objects_and_reports_bad_files(tmp_path: Path
     result = CliRunner().invoke(main, ["k8s", "render", "--crds", "-f", str(EXAMPLE)])
     assert result.exit_code == 0, result.output
     kinds = [d["kind"] for d in yaml.safe_load_all(result.output)]
-    assert kinds.count("CustomResourceDefinition") == 4
+    assert kinds.count("CustomResourceDefinition") == 5
     assert "DaemonSet" not in kinds  # --crds: no system part
     assert kinds[-1] == "InferenceEndpoint" and "Service" in kinds
     bad = tmp_path / "bad.yaml"

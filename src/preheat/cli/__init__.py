@@ -22,6 +22,9 @@ COMMANDS: dict[str, str] = {
     "apply": "preheat.cli.fleet:apply",
     "down": "preheat.cli.fleet:down",
     "node": "preheat.cli.fleet:node",
+    # revoke: the fleet's cluster-wide revocation list
+    "revoke": "preheat.cli.revoke:revoke",
+    "unrevoke": "preheat.cli.revoke:unrevoke",
     "demo": "preheat.cli.demo:demo",
     "report": "preheat.cli.report:report",
     "k8s": "preheat.cli.k8s:k8s",

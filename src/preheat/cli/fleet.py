@@ -87,9 +87,11 @@ def render_status(st: dict[str, Any], *, messages: int = 8) -> Group:
             + (f" ({format_size(v['model_bytes'])})" if v["model_bytes"] else ""),
             _short(v["stable"]) + (" [red](rolled back)[/]" if v["failed"] else ""),
             f"{v['ready']}/{v['replicas']}",
-            v["waiting"] or "",
+            (f"[red]{v['revoked']}[/] " if v.get("revoked") else "") + (v["waiting"] or ""),
         )
     parts.append(vt)
+    for rv in st.get("revocations") or []:
+        parts.append(Text(f"revoked {rv['key']}: {rv['reason']}", style="red"))
 
     nt = Table(title="nodes", title_justify="left")
     for col in ("node", "state", "target", "replicas", "disk", "cache (revision: state)"):

@@ -3,6 +3,9 @@
 Order of concerns in one tick (the returned actions keep this order, and the executor
 runs them in it):
 
+0. **Revocations.** A variant whose revision is revoked runs its first allowed fallback
+   instead, or is held (no new replicas) and reported (``revocation.py``); no revoked
+   revision is warmed, kept for rollback, or rolled back to.
 1. **Lost nodes.** Replicas on a node that is down are stopped (their router entries go
    with them); the steps below then see fewer replicas and replace them elsewhere.
 2. **Rollback.** A new revision whose replica failed for good while a stable revision
@@ -23,6 +26,7 @@ runs them in it):
 
 from __future__ import annotations
 
+from preheat.control.revocation import substitute
 from preheat.control.rollout import effective_version, rollback_needed, step_variant
 from preheat.control.state import (
     Action,
@@ -66,7 +70,10 @@ def gate(
 
 def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
     """Everything to do now to move ``observed`` towards ``desired`` (see module doc)."""
-    out: list[Action] = []
+    sub = substitute(desired, observed)
+    desired, observed = sub.desired, sub.observed
+    revoked = observed.revoked
+    out: list[Action] = list(sub.actions)
     up = {n.name for n in observed.nodes if n.up}
 
     # 1. Replicas on lost nodes.
@@ -82,7 +89,7 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
     for dv in desired.variants:
         st = observed.status(dv.name)
         rb = rollback_needed(dv, st, replicas)
-        if rb is not None:
+        if rb is not None and revision_of(rb.to) not in revoked:
             out.append(rb)
             st = VariantStatus(
                 stable=st.stable or rb.to,
@@ -95,7 +102,7 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
 
     # 3. Warm every target node for every wanted revision.
     if desired.weights.enabled:
-        wanted = dict.fromkeys(effective.values())
+        wanted = dict.fromkeys(r for r in effective.values() if r not in revoked)
         for node in observed.nodes:
             if not (node.up and node.target):
                 continue
@@ -109,8 +116,8 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
     planned: dict[str, int] = {}
     for dv in desired.variants:
         rev = effective[dv.name]
-        g = gate(desired, observed, dv.name, rev)
-        may_start = True
+        may_start = dv.name not in sub.held
+        g = gate(desired, observed, dv.name, rev) if may_start else None
         if isinstance(g, WaitGate):
             out.append(g)
             may_start = False
@@ -140,9 +147,10 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
     in_use = {(r.node, r.revision) for r in replicas if r.phase != "stopped"}
     in_use |= {(r.node, r.revision) for r in lost}
     # The stable revision stays until its rollout successor finishes (rollback needs it).
-    wanted_revs = set(effective.values()) | {
-        revision_of(st.stable) for st in statuses.values() if st.stable is not None
-    }
+    wanted_revs = (
+        set(effective.values())
+        | {revision_of(st.stable) for st in statuses.values() if st.stable is not None}
+    ) - revoked
     for node in observed.nodes:
         if not node.up:
             continue

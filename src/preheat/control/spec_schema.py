@@ -61,24 +61,33 @@ class _Edge(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
-class _Model(_Edge):
+def _check_source(v: str) -> str:
+    if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
+        raise ValueError(
+            f"{v!r} is not a source ref; use file:///dir, "
+            "http(s)://.../preheat-manifest.json, s3://bucket/prefix, "
+            "hf://ORG/NAME[@REVISION] or oci://registry/repo:tag"
+        )
+    try:
+        parse_ref(v)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return v
+
+
+class _ModelRef(_Edge):
     source: str
     revision: str | None = None
 
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
-            raise ValueError(
-                f"{v!r} is not a source ref; use file:///dir, "
-                "http(s)://.../preheat-manifest.json, s3://bucket/prefix, "
-                "hf://ORG/NAME[@REVISION] or oci://registry/repo:tag"
-            )
-        try:
-            parse_ref(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return v
+        return _check_source(v)
+
+
+class _Model(_ModelRef):
+    #: Other allowed versions, used only while the main one is revoked.
+    fallback: list[_ModelRef] = []
 
 
 class _Simulated(_Edge):
@@ -324,7 +333,11 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
         variants.append(
             VariantSpec(
                 name=rv.name,
-                model=ModelSpec(source=model.source, revision=model.revision),
+                model=ModelSpec(
+                    source=model.source,
+                    revision=model.revision,
+                    fallback=tuple(ModelSpec(f.source, f.revision) for f in model.fallback),
+                ),
                 image=rv.image if rv.image is not None else raw.image,
                 engine=_engine(where, f"{loc}.engine", rv.engine) or top_engine,
                 replicas=_replicas(where, f"{loc}.replicas", rv.replicas)

@@ -45,6 +45,9 @@ class ModelSpec:
 
     source: str
     revision: str | None = None
+    #: Other allowed versions, in order of preference: used only while this one is
+    #: revoked (``control.revocation``). Each is a source with an optional pinned revision.
+    fallback: tuple[ModelSpec, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ __all__ = [
     "Observed",
     "OpenGate",
     "ReplicaView",
+    "Revoked",
     "Rollback",
     "StartReplica",
     "StopReplica",
@@ -73,6 +74,9 @@ class DesiredVariant:
     weight: float = 1.0
     #: Fingerprint of engine and image; part of the version, not of the cache key.
     template: str = ""
+    #: The spec's other allowed revisions (``model.fallback``), resolved, in order of
+    #: preference: ``(revision, model_bytes)``. Used only when ``revision`` is revoked.
+    fallbacks: tuple[tuple[str, int], ...] = ()
 
     @property
     def version(self) -> str:
@@ -176,6 +180,8 @@ class Observed:
     nodes: tuple[NodeView, ...]
     replicas: tuple[ReplicaView, ...] = ()
     variants: tuple[tuple[str, VariantStatus], ...] = ()
+    #: Revisions on the cluster-wide revocation list (``control.revocation``).
+    revoked: frozenset[str] = frozenset()
 
     def status(self, variant: str) -> VariantStatus:
         for name, st in self.variants:
@@ -294,6 +300,30 @@ class DeleteRevision:
 
 
 @dataclass(frozen=True)
+class Revoked:
+    """``revision`` of ``variant`` is revoked: its replicas roll to ``to`` (the spec's
+    first allowed fallback that is not revoked), or, with none, the variant is Degraded
+    and no new replica of it starts (``control.revocation``)."""
+
+    variant: str
+    revision: str
+    to: str | None
+
+    @property
+    def message(self) -> str:
+        if self.to is not None:
+            return (
+                f"{self.variant}: revision {self.revision[:24]} is revoked; rolling to "
+                f"fallback {self.to[:24]}"
+            )
+        return (
+            f"{self.variant}: revision {self.revision[:24]} is revoked and the spec allows no "
+            "other revision that is not (set model.fallback, or apply a new model "
+            "revision); serving replicas keep running, no new one starts"
+        )
+
+
+@dataclass(frozen=True)
 class Notice:
     """Something the operator should read in status (not an action on the world)."""
 
@@ -312,5 +342,6 @@ Action = (
     | FinishRollout
     | Rollback
     | DeleteRevision
+    | Revoked
     | Notice
 )

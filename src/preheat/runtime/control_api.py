@@ -12,6 +12,8 @@ with that token, so only users who can read the state directory can steer the fl
     POST /apply   {"spec": {...}}          an endpoint document (validated like a file)
     POST /nodes/{name}/fail
     POST /nodes/{name}/add {"capacity"?, "labels"?, "slots"?}
+    POST /revoke {"key", "reason"?}        put KEY on the fleet's revocation list
+    POST /unrevoke {"key"}                 take it off again
     POST /down                             stop everything and exit `up`
 
 Errors answer ``{"error": message}`` with 400 (bad input; nothing changed), 409 (a
@@ -66,6 +68,8 @@ class ControlServer:
         app.router.add_post("/apply", self._apply)
         app.router.add_post("/nodes/{name}/fail", self._fail)
         app.router.add_post("/nodes/{name}/add", self._add)
+        app.router.add_post("/revoke", self._revoke)
+        app.router.add_post("/unrevoke", self._unrevoke)
         app.router.add_post("/down", self._down)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -158,6 +162,20 @@ class ControlServer:
             slots=int(slots) if slots is not None else None,
         )
         return web.json_response(self.fleet.status())
+
+    async def _revoke(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        key = body.get("key")
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError('revoke needs {"key": DIGEST-or-REVISION, "reason"?: text}')
+        return web.json_response(await self.fleet.revoke(key, str(body.get("reason") or "")))
+
+    async def _unrevoke(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        key = body.get("key")
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError('unrevoke needs {"key": DIGEST-or-REVISION}')
+        return web.json_response({"key": key, "was_revoked": await self.fleet.unrevoke(key)})
 
     async def _down(self, request: web.Request) -> web.Response:
         self.down.set()

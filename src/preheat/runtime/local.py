@@ -54,6 +54,7 @@ from preheat.runtime.model import FleetState, Node, NodePhase, Replica, Resolved
 from preheat.runtime.nodestore import NodeCache
 from preheat.runtime.reconcile import ReconcileLoop
 from preheat.runtime.replicas import Supervisor
+from preheat.runtime.revocations import FleetRevocations
 from preheat.runtime.router_proc import RouterProcess
 from preheat.runtime.status import inventories, status_document
 from preheat.runtime.warmup import Warmer
@@ -125,7 +126,11 @@ class LocalFleet:
         self.supervisor = Supervisor(
             self.state, self.router, self.warmer, self.events, startup_timeout=startup_timeout
         )
-        self.executor = LocalExecutor(self.state, self.router, self.warmer, self.supervisor)
+        #: The cluster-wide revocation list (``runtime.revocations``), kept in the state dir.
+        self.revocations = FleetRevocations.load(state_dir)
+        self.executor = LocalExecutor(
+            self.state, self.router, self.warmer, self.supervisor, self.revocations
+        )
         self.loop = ReconcileLoop(self.executor, self.log, tick=tick)
         self._session: aiohttp.ClientSession | None = None
         self._stopping = False
@@ -221,6 +226,7 @@ class LocalFleet:
         self.supervisor.session = self._session
         for node in self.nodes.values():
             await asyncio.to_thread(node.cache.open)
+        await self.revocations.apply_to(self.nodes.values())
         await self.router.start()
         self.say(f"router listening on {self.router.url} ({self.spec.routing.strategy})")
         self._note_images(self.spec)
@@ -262,6 +268,7 @@ class LocalFleet:
             old = st.spec
             st.spec = spec
             self.executor.remember(resolved)
+            st.fallbacks = {}  # resolved again from the new spec when a revocation needs it
             counts = {}
             for v in spec.variants:
                 keep = st.replica_counts.get(v.name, v.replicas.min)
@@ -288,6 +295,16 @@ class LocalFleet:
                 "replicas as processes; set modelCacheConfig.image.enabled to pre-pull it "
                 "into the node stores, docs/images.md#fleet)"
             )
+
+    async def revoke(self, key: str, reason: str = "") -> dict[str, object]:
+        """Put ``key`` on the fleet's revocation list: every node's store drops it and
+        refuses it; variants that run it roll to their fallback or are reported."""
+        async with self.loop.lock:
+            return await self.revocations.revoke(self.state, key, reason)
+
+    async def unrevoke(self, key: str) -> bool:
+        async with self.loop.lock:
+            return await self.revocations.unrevoke(self.state, key)
 
     async def scale(self, replicas: int, variant: str | None = None) -> None:
         """Set the replica count of a variant (the only one when not named)."""
@@ -343,6 +360,7 @@ class LocalFleet:
             )
             node = Node(spec=spec, cache=NodeCache(spec), added=True)
             await asyncio.to_thread(node.cache.open)
+            await self.revocations.apply_to([node])
             st.nodes[name] = node
             st.cluster = dataclasses.replace(st.cluster, nodes=(*st.cluster.nodes, spec))
             self.say(f"node {name} joined ({format_size(spec.capacity)}, {spec.slots} slots)")
@@ -355,7 +373,9 @@ class LocalFleet:
 
     def status(self) -> dict[str, Any]:
         """A JSON-able picture of the fleet (what `preheat status` prints)."""
-        return status_document(self.state, router_url=self.router.url, events=str(self.events.path))
+        doc = status_document(self.state, router_url=self.router.url, events=str(self.events.path))
+        doc["revocations"] = self.revocations.document()
+        return doc
 
     async def full_status(self) -> dict[str, Any]:
         """``status()`` plus ``inventory``: each node's cache as ``NodeInventory.to_dict()``

@@ -30,6 +30,7 @@ from preheat.control.state import (
     Observed,
     OpenGate,
     ReplicaView,
+    Revoked,
     Rollback,
     StartReplica,
     StopReplica,
@@ -49,6 +50,7 @@ from preheat.runtime.model import (
 )
 from preheat.runtime.nodestore import resolve_source
 from preheat.runtime.replicas import Supervisor
+from preheat.runtime.revocations import FleetRevocations
 from preheat.runtime.router_proc import RouterProcess
 from preheat.runtime.warmup import Warmer, backoff
 
@@ -93,8 +95,10 @@ class LocalExecutor:
         router: RouterProcess,
         warmer: Warmer,
         supervisor: Supervisor,
+        revocations: FleetRevocations | None = None,
     ) -> None:
         self.state = state
+        self.revocations = revocations
         self.router = router
         self.warmer = warmer
         self.supervisor = supervisor
@@ -132,7 +136,47 @@ class LocalExecutor:
             await self._adopt_existing()
         if st.spec.autoscaling is not None:
             await self._autoscale()
-        return self._desired(), self._observed()
+        revoked = self._revoked()
+        for name in list(st.revoked):
+            rv = st.resolved.get(name)
+            if rv is None or rv.revision not in revoked:
+                del st.revoked[name]  # lifted (unrevoke) or the spec moved on
+        if revoked & {rv.revision for rv in st.resolved.values()}:
+            await self._resolve_fallbacks()
+        return self._desired(), dataclasses.replace(self._observed(), revoked=revoked)
+
+    def _revoked(self) -> frozenset[str]:
+        if self.revocations is None:
+            return frozenset()
+        known = set(self.state.known)
+        for fbs in self.state.fallbacks.values():
+            known |= {f.revision for f in fbs}
+        return self.revocations.revisions(known)
+
+    async def _resolve_fallbacks(self) -> None:
+        """Resolve each variant's ``model.fallback`` list once a revocation needs it; a
+        fallback whose origin does not answer is left out (and said) until the next apply."""
+        st = self.state
+        for v in st.spec.variants:
+            if v.name in st.fallbacks or not v.model.fallback:
+                continue
+            out = []
+            for m in v.model.fallback:
+                try:
+                    revision, total, files = await resolve_source(m.source)
+                except FetchError as exc:
+                    st.say(f"{v.name}: fallback {m.source} does not resolve ({exc}); skipped")
+                    continue
+                if m.revision is not None and m.revision != revision:
+                    st.say(
+                        f"{v.name}: fallback {m.source} resolves to {revision[:24]}, not the "
+                        f"pinned {m.revision[:24]}; skipped"
+                    )
+                    continue
+                rv = ResolvedVariant(v.name, m.source, revision, total, files)
+                st.known.setdefault(revision, rv)
+                out.append(rv)
+            st.fallbacks[v.name] = tuple(out)
 
     async def _adopt_existing(self) -> None:
         """Nodes whose store already holds a wanted revision are ready for it."""
@@ -195,6 +239,9 @@ class LocalExecutor:
                     st.replica_counts.get(v.name, v.replicas.min),
                     v.weight,
                     template=st.template(v),
+                    fallbacks=tuple(
+                        (f.revision, f.model_bytes) for f in st.fallbacks.get(v.name, ())
+                    ),
                 )
                 for v in st.spec.variants
             ),
@@ -280,6 +327,12 @@ class LocalExecutor:
 
     async def notice(self, a: Notice) -> None:
         self.state.say(a.text)
+
+    async def revoked(self, a: Revoked) -> None:
+        st = self.state
+        if st.revoked.get(a.variant) != a.message:
+            st.revoked[a.variant] = a.message
+            st.say(a.message)
 
     async def unschedulable(self, a: Unschedulable) -> None:
         self.state.waiting[a.variant] = f"{a.missing} replica(s) cannot be placed: {a.reason}"

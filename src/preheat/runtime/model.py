@@ -188,6 +188,10 @@ class FleetState:
     origin_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: (node, revision) -> the last finished warm-up there (``runtime.warmup``).
     warmups: dict[tuple[str, str], WarmupRecord] = field(default_factory=dict)
+    #: variant -> its ``model.fallback`` list, resolved (only once one is needed).
+    fallbacks: dict[str, tuple[ResolvedVariant, ...]] = field(default_factory=dict)
+    #: variant -> the planner's last ``Revoked`` message for it (status; Degraded).
+    revoked: dict[str, str] = field(default_factory=dict)
 
     def say(self, text: str) -> None:
         self.log.say(text)

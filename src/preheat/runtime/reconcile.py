@@ -43,6 +43,8 @@ the loop: start it as a background task and return; its progress shows up in the
 - ``rollback(Rollback)``: mark the version failed (never retried until the spec changes).
 - ``delete_revision(DeleteRevision)``: drop an unused revision from the node's cache.
 - ``notice(Notice)``: show an operator-facing message.
+- ``revoked(Revoked)``: the variant's revision is revoked: show it (Degraded) with the
+  planner's message; the roll to the fallback, if any, is ordinary actions that follow.
 
 Optional: ``commit()``, called after every pass (also one where ``observe`` returned
 ``None``): publish what the pass did in one go (Kubernetes mode writes the objects'
@@ -71,6 +73,7 @@ from preheat.control.state import (
     Notice,
     Observed,
     OpenGate,
+    Revoked,
     Rollback,
     StartReplica,
     StopReplica,
@@ -99,6 +102,7 @@ class Executor(Protocol):
     async def rollback(self, action: Rollback, /) -> None: ...
     async def delete_revision(self, action: DeleteRevision, /) -> None: ...
     async def notice(self, action: Notice, /) -> None: ...
+    async def revoked(self, action: Revoked, /) -> None: ...
 
 
 #: Action type -> the ``Executor`` method that carries it out.
@@ -115,6 +119,7 @@ HANDLERS: Mapping[type, str] = {
     Rollback: "rollback",
     DeleteRevision: "delete_revision",
     Notice: "notice",
+    Revoked: "revoked",
 }
 
 

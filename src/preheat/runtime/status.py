@@ -70,6 +70,8 @@ def _variants(st: FleetState) -> list[dict[str, Any]]:
                 "ready": st.ready_count(v.name),
                 "waiting": redact_url(waiting) if waiting else waiting,
                 "weight": v.weight,
+                # Set while the variant's revision is revoked (Degraded when no fallback).
+                "revoked": st.revoked.get(v.name),
             }
         )
     return out

@@ -438,7 +438,9 @@ class Tx:
 
     def revoke(self, key: str, reason: str) -> None:
         self.con.execute(
-            "INSERT OR REPLACE INTO revoked(key, reason, since) VALUES (?,?,?)",
+            # Revoking again updates the reason and keeps when it was first revoked.
+            "INSERT INTO revoked(key, reason, since) VALUES (?,?,?) "
+            "ON CONFLICT(key) DO UPDATE SET reason=excluded.reason",
             (key, reason, time.time()),
         )
 

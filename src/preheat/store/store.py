@@ -18,6 +18,7 @@ from typing import Any
 from preheat.artifacts.manifest import Manifest
 from preheat.errors import CacheError, ConfigError, SnapshotInUse, SnapshotNotFound
 from preheat.sources.base import open_source, source_identity
+from preheat.store import revoke as _revoke
 from preheat.store.db import Db, Tx
 from preheat.store.evict import EvictionPlan, SnapshotInfo, eviction_order
 from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
@@ -25,6 +26,7 @@ from preheat.store.layout import Layout
 from preheat.store.pull import Progress, Puller, PullOptions
 from preheat.store.repair import check_snapshot
 from preheat.store.results import PullResult, Usage, VerifyReport
+from preheat.store.revoke import RevokeReport
 from preheat.store.space import Space, empty_trash
 from preheat.store.verify import clean_tmp, verify
 
@@ -277,3 +279,16 @@ class NodeStore:
         """Re-hash every blob. Corrupt blobs move to ``quarantine/``; snapshots that use them
         are removed (pointers first) so the next pull fetches them again."""
         return verify(self._db, self.layout, self._space, quarantine=quarantine, workers=workers)
+
+    # --- revocation (store/revoke.py: one list for images and models) ---------------------
+
+    def revoke(self, key: str, reason: str = "") -> RevokeReport:
+        """Put ``key`` on the revocation list and remove what the store holds of it."""
+        return _revoke.revoke(self._db, self._space, key, reason)
+
+    def unrevoke(self, key: str) -> bool:
+        return _revoke.unrevoke(self._db, key)
+
+    def revoked(self) -> dict[str, tuple[str, float]]:
+        """key -> (reason, since) for everything on this store's revocation list."""
+        return _revoke.revoked(self._db)

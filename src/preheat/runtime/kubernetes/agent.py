@@ -52,6 +52,7 @@ from preheat.runtime.kubernetes.agent_status import NodeCacheWriter
 from preheat.runtime.kubernetes.agent_warmups import Warmups
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.nodecache_status import targets_node
+from preheat.runtime.kubernetes.revocations import AgentRevocations, list_revocations
 from preheat.store import NodeStore
 from preheat.telemetry.inventory import inventory_from_store, inventory_to_json
 
@@ -91,6 +92,9 @@ class NodeAgent:
         self.nodecache = NodeCacheWriter(
             cfg, self.store, (self.core, self.custom), self.metrics, self.warmups, self._wanted
         )
+        # Cluster-wide revocations (Revocation objects) applied to this store.
+        self.revocations = AgentRevocations(self.store, cfg.store)
+        self.nodecache.extra.append(lambda: {"revocations": self.revocations.status()})
         self._stop = threading.Event()
         # peers (docs/peers.md): serve the store, fill from peers within the origin budget
         self.peers = None
@@ -207,6 +211,11 @@ class NodeAgent:
     def _reconcile_leases(self) -> None:
         self.leases.reconcile(self.warmups.held)
 
+    def _apply_revocations(self) -> None:
+        listed = list_revocations(self.custom)
+        for line in self.revocations.sync(listed):
+            log.info("node %s: %s", self.cfg.node, line)
+
     def _write_status(self) -> bool:
         """Write the NodeCache status when it changed; returns whether it wrote."""
         with self.view.lock:
@@ -234,6 +243,7 @@ class NodeAgent:
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("node", self.nodecache.refresh_node),
             ("leases", self._reconcile_leases),
+            ("revocations", self._apply_revocations),
             ("policies", self._apply_policies),
             ("labels", self.nodecache.label_node),
             ("status", self._write_status),

@@ -14,6 +14,7 @@ InferenceEndpoint   Namespaced user (spec), operator (status)  local-mode spec +
 ModelDataCache      Namespaced operator                        one model revision, targets
 ModelImageCache     Namespaced operator                        one image digest, targets
 NodeCache           Cluster    that node's agent only          the node store's inventory
+Revocation          Cluster    user (spec), operator (status)  one revoked key, cluster-wide
 =================== ========== =============================== ===========================
 """
 
@@ -140,6 +141,13 @@ def _model() -> Schema:
                 "Artifact ref: file:///dir, http(s)://.../preheat-manifest.json, s3://bucket/prefix."
             ),
             "revision": _str("Optional manifest digest the source must resolve to."),
+            "fallback": _list(
+                _obj(
+                    {"source": _str("Artifact ref."), "revision": _str("Optional pin.")},
+                    required=("source",),
+                ),
+                "Other allowed versions, in order, used only while this one is revoked.",
+            ),
         },
         required=("source",),
     )
@@ -281,7 +289,7 @@ def _crd(
     short: str,
     scope: str,
     spec: Schema,
-    status: Schema,
+    status: Schema | None,
     columns: list[Schema],
 ) -> dict[str, Any]:
     return {
@@ -307,7 +315,7 @@ def _crd(
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}} if status is not None else {},
                     "additionalPrinterColumns": [*columns, _AGE],
                     "schema": {
                         "openAPIV3Schema": _obj(
@@ -316,7 +324,7 @@ def _crd(
                                 "kind": _str(),
                                 "metadata": {"type": "object"},
                                 "spec": spec,
-                                "status": status,
+                                **({"status": status} if status is not None else {}),
                             },
                             required=("spec",),
                         )
@@ -328,7 +336,7 @@ def _crd(
 
 
 def custom_resource_definitions() -> list[dict[str, Any]]:
-    """The four CRDs, in apply order."""
+    """The five CRDs, in apply order."""
     endpoint = _crd(
         "InferenceEndpoint",
         "inferenceendpoints",
@@ -473,6 +481,10 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
                     )
                 ),
                 "evictionOrder": _list(_str(), "Next eviction candidates, first evicted first."),
+                "revocations": _list(
+                    _obj({"key": _str(), "reason": _str()}, required=("key",)),
+                    "Revocation keys this agent applied to the node store.",
+                ),
                 "lastFailure": _obj(
                     {"time": _str(format="date-time"), "reason": _str(), "message": _str()}
                 ),
@@ -511,7 +523,29 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
             _condition_column("Ready"),
         ],
     )
-    return [endpoint, data, image, node]
+    revocation = _crd(
+        "Revocation",
+        "revocations",
+        "rvk",
+        "Cluster",
+        _obj(
+            {
+                "key": _str(
+                    "A model revision, snapshot manifest digest, or image/blob digest "
+                    "(sha256:<hex>)."
+                ),
+                "reason": _str("Why (shown in Events, status and pull errors)."),
+            },
+            required=("key",),
+        ),
+        _status({"appliedNodes": _list(_str(), "Nodes whose agent applied it to the store.")}),
+        [
+            _column("Key", ".spec.key"),
+            _condition_column("Ready"),
+            _column("Reason", ".spec.reason", priority=1),
+        ],
+    )
+    return [endpoint, data, image, node, revocation]
 
 
 #: kind -> plural, for clients.

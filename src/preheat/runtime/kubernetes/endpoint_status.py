@@ -11,9 +11,10 @@ Conditions, with the reasons a user sees in ``kubectl describe``:
 =========== =============================================================================
 Ready       ``AllReplicasReady`` / ``ReplicasNotReady``, ``WaitingForCache``, a problem
 CacheReady  ``TargetNodesWarm`` / ``WaitingForNodes``, ``GateTimedOut``; ``CacheDisabled``
-Progressing ``WaitingForCache``, ``RollingOut``, ``ScalingUp`` / ``Stable``
-Degraded    ``RolloutFailed``, ``Unschedulable``, ``InvalidSpec``, ``SourceUnreachable``,
-            ``RevisionMismatch`` / ``AsExpected``
+Progressing ``RollingToFallback``, ``WaitingForCache``, ``RollingOut``, ``ScalingUp`` /
+            ``Stable``
+Degraded    ``Revoked`` (no allowed fallback), ``RolloutFailed``, ``Unschedulable``,
+            ``InvalidSpec``, ``SourceUnreachable``, ``RevisionMismatch`` / ``AsExpected``
 =========== =============================================================================
 """
 
@@ -117,6 +118,8 @@ class EndpointView:
     unschedulable: Mapping[str, str]
     notices: Sequence[str] = ()
     problem: tuple[str, str] | None = None
+    #: variant -> (fallback revision or None, message), from the planner's ``Revoked``.
+    revoked: Mapping[str, tuple[str | None, str]] = field(default_factory=dict)
 
 
 def is_bad(c: Mapping[str, Any]) -> bool:
@@ -207,6 +210,12 @@ def endpoint_status(view: EndpointView, old: Mapping[str, Any], *, now: str) -> 
                              f"serving {_short(rev)}"))  # fmt: skip
         if dv.name in view.unschedulable:
             degraded.append(("Unschedulable", f"{dv.name}: {view.unschedulable[dv.name]}"))
+        if dv.name in view.revoked:
+            to, message = view.revoked[dv.name]
+            if to is None:
+                degraded.append(("Revoked", message))
+            elif old_live or len(ready_new) < dv.replicas:
+                progressing.insert(0, ("RollingToFallback", message))
         total += dv.replicas
         ready_total += len(ready)
         ready_target += min(len(ready_new), dv.replicas)

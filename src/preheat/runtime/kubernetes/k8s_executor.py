@@ -23,6 +23,8 @@ Rollback          the version is marked failed; the Deployment goes back to stab
 DeleteRevision    the unwanted revision's ``ModelDataCache`` is deleted (its finalizer
                   holds it until no pod runs that revision)
 Notice            status message + Event
+Revoked           ``Degraded=True Revoked`` (no fallback) or ``Progressing=True
+                  RollingToFallback``, and a ``Revoked`` Event (``revocations``)
 (after a pass)    ``ModelImageCache`` per image with ``modelCacheConfig.image.enabled``
                   (``image_caches``; never gates the Deployment)
 ================  ===================================================================
@@ -50,6 +52,7 @@ from preheat.control.state import (
     FinishRollout,
     Notice,
     OpenGate,
+    Revoked,
     Rollback,
     StartReplica,
     StopReplica,
@@ -85,8 +88,9 @@ class KubeExecutor(Observer, WorkloadSync):
         name = cache_name(self.name, action.revision)
         if name in p.caches:
             return
-        src = next(r.source for r in self.resolved.values() if r.revision == action.revision)
-        body = cache_body(p.endpoint, p.spec, action.revision, src)
+        res = self._resolved_rev(action.revision)
+        assert res is not None, action.revision
+        body = cache_body(p.endpoint, p.spec, action.revision, res.source)
         try:
             created = await self._call(
                 self.custom.create_namespaced_custom_object,
@@ -208,3 +212,11 @@ class KubeExecutor(Observer, WorkloadSync):
     async def notice(self, action: Notice, /) -> None:
         self._count(action)
         self.notices.append(action.text)
+
+    async def revoked(self, action: Revoked, /) -> None:
+        self._count(action)
+        p = self.p
+        p.revoked[action.variant] = (action.to, action.message)
+        if self.revoked_said.get(action.variant) != action.message and p.endpoint is not None:
+            self.revoked_said[action.variant] = action.message
+            self.emit(p.endpoint, "Warning", "Revoked", action.message)

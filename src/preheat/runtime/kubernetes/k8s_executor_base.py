@@ -52,6 +52,8 @@ class _Pass:
     gates: dict[str, WaitGate | OpenGate] = field(default_factory=dict)
     unschedulable: dict[str, str] = field(default_factory=dict)
     problem: tuple[str, str] | None = None  # (reason, message) that stops planning
+    #: variant -> (fallback revision or None, message): the planner's ``Revoked`` actions.
+    revoked: dict[str, tuple[str | None, str]] = field(default_factory=dict)
 
 
 def _iso(ts: float) -> str:
@@ -95,6 +97,12 @@ class ExecutorBase:
         self.memory: dict[str, es.VariantMemory] = {}
         self.resolved: dict[str, es.Resolved] = {}
         self.resolved_generation = -1
+        #: variant -> its ``model.fallback`` resolved (only once a revocation needs it),
+        #: and the generation it was resolved for.
+        self.fallbacks: dict[str, list[es.Resolved]] = {}
+        self.fallbacks_generation = -1
+        #: variant -> the last ``Revoked`` message an Event was posted for.
+        self.revoked_said: dict[str, str] = {}
         self.notices: list[str] = []
         self.p = _Pass()
         self.actions: dict[str, int] = {}
@@ -117,6 +125,17 @@ class ExecutorBase:
         kind = type(action).__name__
         self.actions[kind] = self.actions.get(kind, 0) + 1
         self.on_action(kind)
+
+    def _resolved_rev(self, revision: str) -> es.Resolved | None:
+        """The resolution of ``revision``: a variant's model or one of its fallbacks."""
+        for r in self.resolved.values():
+            if r.revision == revision:
+                return r
+        for fbs in self.fallbacks.values():
+            for r in fbs:
+                if r.revision == revision:
+                    return r
+        return None
 
     def _mem(self, variant: str) -> es.VariantMemory:
         return self.memory.setdefault(variant, es.VariantMemory())

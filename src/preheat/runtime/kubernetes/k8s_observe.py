@@ -6,11 +6,13 @@ resolved once per endpoint generation."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from preheat.control.revocation import substitute
 from preheat.control.spec_types import EndpointSpec
 from preheat.control.state import (
     CacheView,
@@ -28,6 +30,11 @@ from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.discovery import variant_service_name
 from preheat.runtime.kubernetes.k8s_executor_base import _CACHES, _ENDPOINTS, ExecutorBase, _Pass
 from preheat.runtime.kubernetes.resources import endpoint_from_object
+from preheat.runtime.kubernetes.revocations import (
+    list_revocations,
+    resolve_fallbacks,
+    revoked_revisions,
+)
 from preheat.runtime.kubernetes.workload import (
     REVISION_ANNOTATION,
     VERSION_ANNOTATION,
@@ -102,9 +109,33 @@ class Observer(ExecutorBase):
             c.setdefault("apiVersion", f"{GROUP}/{VERSION}")
             c.setdefault("kind", "ModelDataCache")
         p.caches = {c["metadata"]["name"]: c for c in caches}
-        p.desired = self._desired(p.spec)
+        desired = self._desired(p.spec)
         p.observed = self._observed(p)
-        return p.desired, p.observed
+        revoked = await self._revoked(p.spec, ep)
+        if revoked:
+            desired = self._desired(p.spec)  # now with the fallbacks resolved
+            p.observed = dataclasses.replace(p.observed, revoked=revoked)
+        # What the Deployments and status follow: the planner's view after revocations.
+        p.desired = substitute(desired, p.observed).desired
+        return desired, p.observed
+
+    async def _revoked(self, spec: EndpointSpec, ep: dict[str, Any]) -> frozenset[str]:
+        """Revisions of this endpoint on the cluster's revocation list; resolves the
+        spec's fallbacks (once per generation) when the current revision is one."""
+        keys = await asyncio.to_thread(list_revocations, self.custom)
+        if not keys:
+            return frozenset()
+        fallbacks = [r for fbs in self.fallbacks.values() for r in fbs]
+        revoked = revoked_revisions(keys, [*self.resolved.values(), *fallbacks])
+        generation = ep["metadata"].get("generation", 0)
+        current = {r.revision for r in self.resolved.values()}
+        if revoked & current and self.fallbacks_generation != generation:
+            self.fallbacks, problems = await resolve_fallbacks(spec)
+            self.fallbacks_generation = generation
+            self.notices.extend(problems)
+            fallbacks = [r for fbs in self.fallbacks.values() for r in fbs]
+            revoked = revoked_revisions(keys, [*self.resolved.values(), *fallbacks])
+        return revoked
 
     def _remember(self, ep: dict[str, Any], spec: EndpointSpec) -> None:
         """Load the executor's memory from status on the first pass (operator restart)."""
@@ -162,6 +193,7 @@ class Observer(ExecutorBase):
                 ),
                 v.weight,
                 template=template_fingerprint(v),
+                fallbacks=tuple((r.revision, r.bytes) for r in self.fallbacks.get(v.name, ())),
             )
             for v in spec.variants
         )

@@ -65,7 +65,7 @@ class WorkloadSync(ExecutorBase):
             cur_version = current["spec"]["template"]["metadata"]["annotations"][VERSION_ANNOTATION]
             target = cur_version
             rev = revision_of(target)
-        res = next((r for r in self.resolved.values() if r.revision == rev), None)
+        res = self._resolved_rev(rev)
         spec_v = p.spec.variant(variant)
         if res is None:
             res = es.Resolved(spec_v.model.source, rev, mem.digests.get(rev, rev), 0)
@@ -154,6 +154,7 @@ class WorkloadSync(ExecutorBase):
             unschedulable=dict(p.unschedulable),
             notices=tuple(self.notices),
             problem=p.problem,
+            revoked=dict(p.revoked),
         )
         old = p.endpoint.get("status") or {}
         new = _compact(es.endpoint_status(view, old, now=_iso(now)))

@@ -25,6 +25,7 @@ registry added to :attr:`OperatorContext.registries`.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from preheat.runtime.fleetlog import FleetLog
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.k8s_executor import KubeExecutor, OperatorConfig
+from preheat.runtime.kubernetes.revocations import sync_revocation_statuses
 from preheat.runtime.kubernetes.workload import ENDPOINT_LABEL, REVISION_ANNOTATION
 from preheat.runtime.reconcile import ReconcileLoop
 
@@ -160,9 +162,17 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
         ctx.wake(namespace, labels.get(ENDPOINT_LABEL))
 
     @kopf.on.event(GROUP, VERSION, "nodecaches", registry=reg)
+    @kopf.on.event(GROUP, VERSION, "revocations", registry=reg)
     @kopf.on.event("v1", "nodes", registry=reg)
     def nodes_changed(**_: Any) -> None:
         ctx.wake()
+
+    # Each Revocation's status: which agents applied it (runtime.kubernetes.revocations).
+    @kopf.timer(GROUP, VERSION, "revocations", interval=2.0, registry=reg)
+    async def revocation_status(**_: Any) -> None:
+        custom = client.CustomObjectsApi(ctx.api)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await asyncio.to_thread(sync_revocation_statuses, custom, now)
 
     @kopf.on.delete(*endpoints, registry=reg)
     async def endpoint_deleted(name: str, namespace: str, logger: Any, **_: Any) -> None:

@@ -74,8 +74,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     _rule([GROUP], ["inferenceendpoints/status"], _STATUS),
     _rule([GROUP], ["inferenceendpoints/finalizers"], ["update"]),
     _rule([GROUP], ["modeldatacaches", "modelimagecaches"], [*_READ, *_WRITE]),
-    _rule([GROUP], ["modeldatacaches/status", "modelimagecaches/status"], _STATUS),
-    _rule([GROUP], ["nodecaches"], _READ),
+    _rule(
+        [GROUP],
+        ["modeldatacaches/status", "modelimagecaches/status", "revocations/status"],
+        _STATUS,
+    ),
+    _rule([GROUP], ["nodecaches", "revocations"], _READ),
     _rule(["apps"], ["deployments"], [*_READ, *_WRITE]),
     _rule([""], ["services"], [*_READ, *_WRITE]),
     # delete: a pod on a lost node is deleted at once so its ReplicaSet replaces it.
@@ -91,7 +95,7 @@ OPERATOR_RULES: tuple[Rule, ...] = (
 AGENT_RULES: tuple[Rule, ...] = (
     _rule([GROUP], ["nodecaches"], [*_READ, "create", "update", "patch"]),
     _rule([GROUP], ["nodecaches/status"], _STATUS),
-    _rule([GROUP], ["modeldatacaches", "modelimagecaches"], _READ),
+    _rule([GROUP], ["modeldatacaches", "modelimagecaches", "revocations"], _READ),
     _rule([""], ["pods"], _READ),
     _rule([""], ["nodes"], ["get", "patch"]),  # patch: its own Node's revision labels
     _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),

@@ -105,9 +105,11 @@ def _engine(engine: SimulatedEngine | CommandEngine) -> dict[str, Any]:
 
 
 def _model(model: ModelSpec) -> dict[str, Any]:
-    out = {"source": model.source}
+    out: dict[str, Any] = {"source": model.source}
     if model.revision:
         out["revision"] = model.revision
+    if model.fallback:
+        out["fallback"] = [_model(f) for f in model.fallback]
     return out
 
 

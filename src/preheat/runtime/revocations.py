@@ -1,0 +1,135 @@
+"""Local mode's cluster-wide revocation list: one list, applied to every node's store.
+
+``preheat revoke KEY`` (the control API's ``POST /revoke``) puts a revision, snapshot
+digest or blob/image digest on the fleet's list, kept in ``<state>/revocations.json`` so a
+restarted ``preheat up`` keeps it. The list is applied to every node's store
+(``store.revoke``: what no replica holds is removed, every new pull of it is refused) and
+to every node that joins later; ``unrevoke`` lifts it everywhere. The planner sees the
+revoked *revisions* (``FleetRevocations.revisions``) and rolls the variants that run one to their
+``model.fallback`` or reports them (``control.revocation``). A snapshot that a replica
+still holds is removed by the planner's clean-up once that replica is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from preheat.errors import ControlError
+from preheat.runtime.model import FleetState, Node
+from preheat.store.revoke import normalise
+
+__all__ = ["FleetRevocations"]
+
+
+@dataclass
+class FleetRevocations:
+    """The fleet's list (key -> reason, since) and its file."""
+
+    path: Path
+    entries: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: key -> revisions it was found to name (a snapshot digest names the revision whose
+    #: snapshot it is; remembered because the snapshot is gone once revoked).
+    names: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> FleetRevocations:
+        path = Path(state_dir) / "revocations.json"
+        out = cls(path)
+        with contextlib.suppress(FileNotFoundError):
+            raw = json.loads(path.read_text())
+            if not isinstance(raw, dict):
+                raise ControlError(f"{path}: not a JSON object of revocations; fix or remove it")
+            for k, v in raw.items():
+                key = normalise(k)
+                out.entries[key] = (str(v.get("reason", "")), float(v.get("since", 0)))
+                out.names[key] = frozenset(str(r) for r in v.get("revisions", []))
+        return out
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        doc = {
+            k: {"reason": r, "since": t, "revisions": sorted(self.names.get(k, ()))}
+            for k, (r, t) in sorted(self.entries.items())
+        }
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, self.path)
+
+    async def apply_to(self, nodes: Iterable[Node], keys: Iterable[str] | None = None) -> int:
+        """Put ``keys`` (default: every listed key) on each open node store; snapshots
+        removed in all."""
+        removed = 0
+        for key in list(self.entries) if keys is None else list(keys):
+            reason = self.entries[key][0]
+            for node in nodes:
+                if node.cache.closed:
+                    continue
+                rep = await asyncio.to_thread(node.cache.store.revoke, key, reason)
+                removed += len(rep.removed)
+        return removed
+
+    async def revoke(self, st: FleetState, key: str, reason: str) -> dict[str, object]:
+        key = normalise(key)
+        self.entries[key] = (reason or "revoked", time.time())
+        self.names[key] = _names(st, key)
+        self._save()
+        removed = await self.apply_to(st.nodes.values(), [key])
+        st.say(
+            f"revoked {key[:24]} on {len(st.nodes)} node(s) ({reason or 'no reason given'}): "
+            f"{removed} unused snapshot(s) removed; replicas that run it roll to a fallback"
+        )
+        st.wake()
+        return {"key": key, "nodes": len(st.nodes), "removed": removed}
+
+    async def unrevoke(self, st: FleetState, key: str) -> bool:
+        key = normalise(key)
+        was = self.entries.pop(key, None) is not None
+        self.names.pop(key, None)
+        if was:
+            self._save()
+        for node in st.nodes.values():
+            if not node.cache.closed:
+                await asyncio.to_thread(node.cache.store.unrevoke, key)
+        if was:
+            st.say(f"unrevoked {key[:24]} on every node")
+            st.wake()
+        return was
+
+    def document(self) -> list[dict[str, object]]:
+        return [
+            {"key": k, "reason": r, "since": t, "revisions": sorted(self.names.get(k, ()))}
+            for k, (r, t) in sorted(self.entries.items())
+        ]
+
+    def revisions(self, known: Iterable[str]) -> frozenset[str]:
+        """The revisions the list revokes, among ``known`` and those named at revoke time."""
+        if not self.entries:
+            return frozenset()
+        out = {r for r in known if normalise(r) in self.entries}
+        for names in self.names.values():
+            out |= names
+        return frozenset(out)
+
+
+def _names(st: FleetState, key: str) -> frozenset[str]:
+    """Known revisions whose snapshot on some node has manifest digest ``key``."""
+    out: set[str] = set()
+    for rev in list(st.known):
+        if normalise(rev) == key:
+            out.add(rev)
+            continue
+        for node in st.nodes.values():
+            with contextlib.suppress(Exception):
+                if (
+                    node.cache.has(rev)
+                    and f"sha256:{node.cache.store.snapshot_path(rev).name}" == key
+                ):
+                    out.add(rev)
+                    break
+    return frozenset(out)
