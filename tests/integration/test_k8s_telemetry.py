@@ -44,6 +44,7 @@ from preheat.runtime.kubernetes.render import (
     endpoint_manifests,
     system_manifests,
 )
+from preheat.runtime.kubernetes.render_adapter import ADAPTER_RULES
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
@@ -546,6 +547,7 @@ def test_dashboard_is_importable_grafana_json() -> None:
 AGENT_SA = "system:serviceaccount:preheat-system:preheat-agent"
 OPERATOR_SA = "system:serviceaccount:preheat-system:preheat-operator"
 ROUTER_SA = "system:serviceaccount:default:preheat-router-chat"
+ADAPTER_SA = "system:serviceaccount:preheat-system:preheat-metrics-adapter"
 #: What every authenticated identity may do (system:basic-user): not preheat's to render.
 _BASELINE = {
     ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
@@ -579,20 +581,29 @@ def _rendered(rules: Sequence[Mapping[str, list[str]]]) -> set[tuple[str, str]]:
 
 @pytest.mark.parametrize(
     ("who", "rules"),
-    [(AGENT_SA, AGENT_RULES), (OPERATOR_SA, OPERATOR_RULES), (ROUTER_SA, ROUTER_RULES)],
-    ids=["agent", "operator", "router"],
+    [
+        (AGENT_SA, AGENT_RULES),
+        (OPERATOR_SA, OPERATOR_RULES),
+        (ROUTER_SA, ROUTER_RULES),
+        (ADAPTER_SA, ADAPTER_RULES),
+    ],
+    ids=["agent", "operator", "router", "metrics-adapter"],
 )
 def test_the_authorizer_grants_exactly_the_rendered_rules(
     env: Env, who: str, rules: Sequence[Mapping[str, list[str]]]
 ) -> None:
     """`kubectl auth can-i --list --as=<ServiceAccount>` in the endpoints' namespace lists
     every rendered verb and nothing more (beyond self access reviews); in kube-system the
-    namespaced router Role grants nothing."""
+    namespaced router Role grants nothing, and the metrics adapter gets only the front-proxy
+    CA's ConfigMap (the built-in extension-apiserver-authentication-reader Role)."""
     granted = _granted(env.kube, who, "default")
     want = _rendered(rules)
     assert granted == want, f"missing {sorted(want - granted)}, extra {sorted(granted - want)}"
     if who == ROUTER_SA:
         assert _granted(env.kube, who, "kube-system") == set()
+    if who == ADAPTER_SA:
+        extra = _granted(env.kube, who, "kube-system") - want
+        assert extra == {("configmaps", v) for v in ("get", "list", "watch")}, extra
 
 
 def _kubectl_as(env: Env, conf: Path, *args: str) -> tuple[int, str]:

@@ -161,6 +161,17 @@ def _make_pki(pki: Path) -> None:
         "-CAcreateserial", "-days", "2", "-out", "apiserver.crt",
         "-extfile", "san.cnf", "-extensions", "ext", cwd=pki,
     )  # fmt: skip
+    # The aggregator's client certificate towards extension API servers (the metrics
+    # adapter): signed by the front-proxy CA, CN in --requestheader-allowed-names.
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "front-proxy-client.key",
+        "-out", "front-proxy-client.csr", "-subj", "/CN=front-proxy-client", cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "front-proxy-client.csr", "-CA", "front-proxy-ca.crt",
+        "-CAkey", "front-proxy-ca.key", "-CAcreateserial", "-days", "2",
+        "-out", "front-proxy-client.crt", cwd=pki,
+    )  # fmt: skip
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
@@ -349,6 +360,8 @@ class KubeCluster:
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--v=1",
             ],
         )
@@ -387,6 +400,8 @@ class KubeCluster:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # The CSR signer would need the CA key; nothing here issues node certs.
                 "--controllers=*,-csrsigning",
+                # HPAs (test_k8s_hpa) are evaluated every second, not every 15 s.
+                "--horizontal-pod-autoscaler-sync-period=1s",
                 "--v=1",
             ],
         )
