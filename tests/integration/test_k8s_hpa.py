@@ -67,11 +67,17 @@ class World:
     base: Path
     router_port: int
     adapter_port: int
+    hpa: dict[str, Any]
     procs: dict[str, Process] = field(default_factory=dict)
     numbers: dict[str, Any] = field(default_factory=dict)
 
     def get(self, path: str) -> Any:
         return self.kube.rest().get(path)
+
+    def ready_replicas(self) -> int | None:
+        """The Deployment's ready replicas, or None before the operator created it."""
+        status, dep = self.kube.rest().call("GET", DEPLOYMENT)
+        return int(dep.get("status", {}).get("readyReplicas") or 0) if status == 200 else None
 
     def replicas(self) -> int:
         return int(self.get(DEPLOYMENT)["spec"]["replicas"])
@@ -132,47 +138,27 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         kube.kubectl(
             "apply", "-f", "-", input=yaml.safe_dump_all([o for o in rendered if o["kind"] in rbac])
         )
-        world = World(kube, base, free_port(), free_port())
+        (hpa,) = [o for o in rendered if o["kind"] == "HorizontalPodAutoscaler"]
+        world = World(kube, base, free_port(), free_port(), hpa)
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         try:
-            _start(world, env)
+            # The endpoint first: the router reads it on start, so all three processes
+            # can start at once.
             kube.kubectl(
                 "apply", "-f", "-",
-                input=yaml.safe_dump_all(
-                    [o for o in rendered if o["kind"] in {"InferenceEndpoint", "HorizontalPodAutoscaler"}]
-                ),
+                input=yaml.safe_dump_all([o for o in rendered if o["kind"] == "InferenceEndpoint"]),
             )  # fmt: skip
-            _start_router(world, env)
+            _start(world, env)
             world.numbers["setup_s"] = round(time.monotonic() - t0, 1)
             yield world
         finally:
-            for p in reversed(world.procs.values()):
-                p.stop(10)
+            stops = [threading.Thread(target=p.stop, args=(10,)) for p in world.procs.values()]
+            for t in stops:  # in parallel: each may take seconds to exit under load
+                t.start()
+            for t in stops:
+                t.join()
             if world.numbers:
                 print("\nk8s hpa numbers:", json.dumps(world.numbers))
-
-
-def _start_router(world: World, env: dict[str, str]) -> None:
-    """The router, once its InferenceEndpoint exists (it reads it on start)."""
-    kube, base = world.kube, world.base
-    router_conf = _kubeconfig(kube, base / "router.kubeconfig", NS, "preheat-router-chat")
-    world.procs["router"] = start_process(
-        [PREHEAT, "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", NS,
-         "--kubeconfig", str(router_conf), "--port", str(world.router_port),
-         "--health-interval", "0.5"],
-        base / "router.log",
-        env={**env, "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes"}, inherit_env=False,
-    )  # fmt: skip
-
-    def up() -> bool:
-        assert world.procs["router"].running, (base / "router.log").read_text()[-2000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{world.router_port}/metrics", timeout=2):
-                return True
-        except OSError:
-            return False
-
-    kube.wait_for("the router's /metrics", up, 30)
 
 
 def _start(world: World, env: dict[str, str]) -> None:
@@ -182,6 +168,14 @@ def _start(world: World, env: dict[str, str]) -> None:
         [PREHEAT, "operator", "--kubeconfig", str(op_conf), "--namespace", NS,
          "--metrics-port", str(free_port()), "--tick", "1"],
         base / "operator.log", env=env, inherit_env=False,
+    )  # fmt: skip
+    router_conf = _kubeconfig(kube, base / "router.kubeconfig", NS, "preheat-router-chat")
+    world.procs["router"] = start_process(
+        [PREHEAT, "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", NS,
+         "--kubeconfig", str(router_conf), "--port", str(world.router_port),
+         "--health-interval", "0.5"],
+        base / "router.log",
+        env={**env, "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes"}, inherit_env=False,
     )  # fmt: skip
     certs = base / "adapter-certs"
     adapter_conf = _kubeconfig(kube, base / "adapter.kubeconfig", SYSTEM, ADAPTER_NAME)
@@ -235,6 +229,19 @@ def _start(world: World, env: dict[str, str]) -> None:
         return conds.get("Available", {}).get("status") == "True"
 
     kube.wait_for("the APIService is Available", available, 30)
+    # The aggregator adds its proxy route a moment after the condition turns True.
+    served = lambda: kube.rest().call("GET", "/apis/external.metrics.k8s.io/v1beta1")[0] == 200  # noqa: E731
+    kube.wait_for("the aggregator serves external.metrics.k8s.io", served, 30)
+
+    def up() -> bool:
+        assert world.procs["router"].running, (base / "router.log").read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{world.router_port}/metrics", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    kube.wait_for("the router's /metrics", up, 30)
 
 
 def test_the_adapter_serves_the_external_metrics_api_through_the_aggregator(world: World) -> None:
@@ -274,8 +281,12 @@ def test_load_scales_the_deployment_up_the_operator_keeps_it_and_idle_scales_dow
     second, leaves 2 in place while load lasts; when load stops the HPA returns to 1 after
     its 3 s scale-down window. Every request answers 200."""
     kube = world.kube
-    kube.wait_for("chat-main at 1 ready replica", lambda: world.get(DEPLOYMENT).get("status", {}).get("readyReplicas") == 1, 60)  # fmt: skip
+    kube.wait_for("chat-main at 1 ready replica", lambda: world.ready_replicas() == 1, 60)
     kube.wait_for("the router lists the pod", lambda: world.complete() == 200, 30)
+    # The HPA once its Deployment and metric exist: the controller-manager's event spam
+    # filter (25 per object) would otherwise drop SuccessfulRescale after a burst of
+    # FailedGetScale warnings at 1 s syncs.
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(world.hpa))
     stop = threading.Event()
     statuses: list[int] = []
     deadline = time.monotonic() + 50
@@ -296,7 +307,7 @@ def test_load_scales_the_deployment_up_the_operator_keeps_it_and_idle_scales_dow
         hpa = world.get(HPA)
         (metric,) = hpa["status"]["currentMetrics"]
         assert metric["external"]["metric"]["name"] == "preheat_router_in_flight"
-        kube.wait_for("2 ready replicas", lambda: world.get(DEPLOYMENT)["status"].get("readyReplicas") == 2, 40)  # fmt: skip
+        kube.wait_for("2 ready replicas", lambda: world.ready_replicas() == 2, 40)
         seen = set()
         for _ in range(8):  # 4 s: four operator passes and four HPA syncs
             seen.add(world.replicas())

@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -180,8 +181,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             )  # fmt: skip
             yield Env(kube, model, agents, op_conf, router_conf, agent_conf, tmp)
         finally:
-            for a in agents.values():
-                a.proc.stop(10)
+            stops = [threading.Thread(target=a.proc.stop, args=(10,)) for a in agents.values()]
+            for t in stops:  # in parallel: each may take seconds to exit under load
+                t.start()
+            for t in stops:
+                t.join()
 
 
 def engine_pod(name: str, node: str, model: Model) -> dict[str, Any]:
