@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from preheat.cli import main
 from preheat.control.spec import parse_endpoint
 from preheat.errors import ConfigError
 from preheat.runtime.kubernetes.autoscaler import IN_FLIGHT_METRIC
@@ -134,3 +138,27 @@ def test_front_proxy_identity_needs_an_allowed_client_certificate() -> None:
     assert fp.identity(cert, headers) == ("alice", ["a", "b"], {"scopes/x": ["s"]})
     with pytest.raises(ConfigError, match="--requestheader-client-ca-file"):
         FrontProxy.from_configmap({})
+
+
+def test_the_adapter_cli_names_an_unreachable_api_server_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """`preheat metrics-adapter` with a kubeconfig whose server refuses connections exits 2
+    naming the server and what to check, before it listens."""
+    conf = tmp_path / "kubeconfig"
+    conf.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    res = CliRunner().invoke(
+        main, ["metrics-adapter", "--kubeconfig", str(conf), "--cert-dir", str(tmp_path / "c")]
+    )
+    assert res.exit_code == 2, res.output
+    assert "cannot reach the Kubernetes API server https://127.0.0.1:1" in res.output
+    assert "Traceback" not in res.output
+    assert (tmp_path / "c" / "tls.crt").is_file() and (
+        tmp_path / "c" / "tls.key"
+    ).stat().st_mode & 0o077 == 0

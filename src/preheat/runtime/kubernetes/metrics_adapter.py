@@ -172,6 +172,7 @@ class MetricsAdapter:
     def connect(cls, api: client.ApiClient, config: AdapterConfig) -> MetricsAdapter:
         """Read the front-proxy settings and the EndpointSlice version; raises
         ``ConfigError`` naming what is missing or refused."""
+        version = discovery_version(api)  # first: names an unreachable API server
         ns, name = AUTH_CONFIGMAP
         try:
             cm = client.CoreV1Api(api).read_namespaced_config_map(name, ns)
@@ -181,7 +182,7 @@ class MetricsAdapter:
                 "adapter's ServiceAccount to the Role extension-apiserver-authentication-reader "
                 "in kube-system (preheat k8s render does)"
             ) from None
-        return cls(api, FrontProxy.from_configmap(cm.data or {}), config, discovery_version(api))
+        return cls(api, FrontProxy.from_configmap(cm.data or {}), config, version)
 
     def app(self) -> web.Application:
         app = web.Application()
