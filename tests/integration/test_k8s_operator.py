@@ -238,9 +238,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 _start(world)
                 yield world
             finally:
-                for p in [world.operator, *world.agents.values()]:
-                    if p is not None:
-                        p.stop(10)
+                # In parallel: each may take seconds to exit on a loaded machine.
+                stops = [threading.Thread(target=p.stop, args=(10,))
+                         for p in [world.operator, *world.agents.values()] if p is not None]  # fmt: skip
+                for t in stops:
+                    t.start()
+                for t in stops:
+                    t.join()
                 if world.numbers:
                     print("\nk8s operator numbers:", json.dumps(world.numbers, indent=1))
 

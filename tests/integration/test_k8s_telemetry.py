@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from preheat.runtime.kubernetes.render import (
     endpoint_manifests,
     system_manifests,
 )
+from preheat.runtime.kubernetes.render_adapter import ADAPTER_RULES
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
@@ -180,8 +182,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             )  # fmt: skip
             yield Env(kube, model, agents, op_conf, router_conf, agent_conf, tmp)
         finally:
-            for a in agents.values():
-                a.proc.stop(10)
+            stops = [threading.Thread(target=a.proc.stop, args=(10,)) for a in agents.values()]
+            for t in stops:  # in parallel: each may take seconds to exit under load
+                t.start()
+            for t in stops:
+                t.join()
 
 
 def engine_pod(name: str, node: str, model: Model) -> dict[str, Any]:
@@ -547,6 +552,7 @@ def test_dashboard_is_importable_grafana_json() -> None:
 AGENT_SA = "system:serviceaccount:preheat-system:preheat-agent"
 OPERATOR_SA = "system:serviceaccount:preheat-system:preheat-operator"
 ROUTER_SA = "system:serviceaccount:default:preheat-router-chat"
+ADAPTER_SA = "system:serviceaccount:preheat-system:preheat-metrics-adapter"
 #: What every authenticated identity may do (system:basic-user): not preheat's to render.
 _BASELINE = {
     ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
@@ -580,15 +586,21 @@ def _rendered(rules: Sequence[Mapping[str, list[str]]]) -> set[tuple[str, str]]:
 
 @pytest.mark.parametrize(
     ("who", "rules"),
-    [(AGENT_SA, AGENT_RULES), (OPERATOR_SA, OPERATOR_RULES), (ROUTER_SA, ROUTER_RULES)],
-    ids=["agent", "operator", "router"],
+    [
+        (AGENT_SA, AGENT_RULES),
+        (OPERATOR_SA, OPERATOR_RULES),
+        (ROUTER_SA, ROUTER_RULES),
+        (ADAPTER_SA, ADAPTER_RULES),
+    ],
+    ids=["agent", "operator", "router", "metrics-adapter"],
 )
 def test_the_authorizer_grants_exactly_the_rendered_rules(
     env: Env, who: str, rules: Sequence[Mapping[str, list[str]]]
 ) -> None:
     """`kubectl auth can-i --list --as=<ServiceAccount>` in the endpoints' namespace lists
     every rendered verb and nothing more (beyond self access reviews); in kube-system the
-    namespaced router Role grants nothing."""
+    namespaced router Role grants nothing, and the metrics adapter gets only the front-proxy
+    CA's ConfigMap (the built-in extension-apiserver-authentication-reader Role)."""
     granted = _granted(env.kube, who, "default")
     want = _rendered(rules)
     assert granted == want, f"missing {sorted(want - granted)}, extra {sorted(granted - want)}"
@@ -598,6 +610,10 @@ def test_the_authorizer_grants_exactly_the_rendered_rules(
         own = _granted(env.kube, who, "preheat-system")
         want = _rendered([*rules, *AGENT_PEER_RULES])
         assert own == want, f"missing {sorted(want - own)}, extra {sorted(own - want)}"
+
+    if who == ADAPTER_SA:
+        extra = _granted(env.kube, who, "kube-system") - want
+        assert extra == {("configmaps", v) for v in ("get", "list", "watch")}, extra
 
 
 def _kubectl_as(env: Env, conf: Path, *args: str) -> tuple[int, str]:

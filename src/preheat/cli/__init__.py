@@ -36,6 +36,8 @@ COMMANDS: dict[str, str] = {
     # operator (issue 10): the Kubernetes operator and its pods' init container
     "operator": "preheat.cli.operator:operator",
     "snapshot-init": "preheat.cli.operator:snapshot_init",
+    # k8sops (issue 10): the External metrics API the rendered HPAs read
+    "metrics-adapter": "preheat.cli.metrics_adapter:metrics_adapter",
 }
 
 

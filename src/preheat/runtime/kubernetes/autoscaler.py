@@ -7,9 +7,10 @@ HPA (served since 1.12, so on the 1.20 test cluster): an **External** metric
 ``autoscaling.targetInFlight`` (the HPA divides the metric by the pod count: in-flight
 per replica, as local mode computes it), ``minReplicas``/``maxReplicas`` from the
 spec's ``replicas`` and a scale-down stabilization window of ``cooldownSeconds``.
-The metric reaches the HPA through a metrics adapter (prometheus-adapter serving the
-router's ``/metrics`` as external metrics); without one the HPA reports
-``ScalingActive=False`` and leaves the count alone. The operator sets a Deployment's
+The metric's selector pins ``endpoint`` and ``variant``: the series ``preheat
+metrics-adapter`` (``metrics_adapter.py``) serves, summed over the endpoint's routers'
+``/metrics``; without an adapter the HPA reports ``ScalingActive=False`` and leaves the
+count alone. The operator sets a Deployment's
 count only on create for such an endpoint (``workload.replica_count``).
 """
 
@@ -57,7 +58,9 @@ def hpa_body(
                     "external": {
                         "metric": {
                             "name": IN_FLIGHT_METRIC,
-                            "selector": {"matchLabels": {"variant": variant.name}},
+                            "selector": {
+                                "matchLabels": {"endpoint": spec.name, "variant": variant.name}
+                            },
                         },
                         "target": {"type": "AverageValue", "averageValue": target},
                     },

@@ -176,9 +176,10 @@ def _container(
 
 
 def system_manifests(
-    *, namespace: str = SYSTEM_NAMESPACE, image: str = DEFAULT_IMAGE
+    *, namespace: str = SYSTEM_NAMESPACE, image: str = DEFAULT_IMAGE, metrics_adapter: bool = True
 ) -> list[dict[str, Any]]:
-    """Namespace, operator and agent (RBAC, Deployment, DaemonSet)."""
+    """Namespace, operator and agent (RBAC, Deployment, DaemonSet), and with
+    ``metrics_adapter`` the External metrics adapter the HPAs read (``render_adapter.py``)."""
     op, ag = _labels("operator"), _labels("agent")
     operator = {
         "apiVersion": "apps/v1",
@@ -313,7 +314,15 @@ def system_manifests(
         },
         operator,
         agent,
+        *(_adapter(namespace, image) if metrics_adapter else ()),
     ]
+
+
+def _adapter(namespace: str, image: str) -> list[dict[str, Any]]:
+    # metrics adapter (k8sops): its own module, which builds on this one's helpers.
+    from preheat.runtime.kubernetes.render_adapter import adapter_manifests
+
+    return adapter_manifests(namespace=namespace, image=image)
 
 
 def endpoint_manifests(
