@@ -24,6 +24,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import ssl
@@ -593,3 +594,8 @@ def kube_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+def forbidden_in(log: str) -> bool:
+    """A 403 or Forbidden in a component's log (not the ",403" of a timestamp's ms)."""
+    return bool(re.search(r"(?<![\d,.])403(?!\d)|Forbidden", log))

@@ -217,8 +217,10 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
 
 
 async def _delete(fn: Any, *args: Any) -> None:
+    # Unparsed: a Service delete answers a Status object that the client cannot turn
+    # into a Service, and kopf would retry the whole deletion a minute later.
     try:
-        await asyncio.to_thread(fn, *args, propagation_policy="Background")
+        await asyncio.to_thread(fn, *args, propagation_policy="Background", _preload_content=False)
     except ApiException as exc:
         if exc.status != 404:
             raise
