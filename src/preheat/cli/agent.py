@@ -49,6 +49,16 @@ from preheat.errors import ConfigError
     "--backoff", type=click.FloatRange(0.01), default=1.0, show_default=True,
     help="First retry delay of a failed warm-up in seconds (doubles up to 30 s).",
 )  # fmt: skip
+@click.option(
+    "--mirror-port", type=click.IntRange(0, 65535), default=None,
+    help="Also serve the node image mirror (read-only registry API over this store) on "
+    "127.0.0.1:PORT, for containerd's hosts.toml (`preheat k8s render --containerd-mirror`).",
+)  # fmt: skip
+@click.option(
+    "--mirror-upstream", metavar="URL",
+    help="Where the mirror forwards what the store lacks (e.g. https://registry.example); "
+    "default: a registry-style 404, so containerd falls back to the registry itself.",
+)  # fmt: skip
 def agent(
     node: str,
     store: Path,
@@ -59,10 +69,13 @@ def agent(
     max_warmups: int,
     resync: float,
     backoff: float,
+    mirror_port: int | None,
+    mirror_upstream: str | None,
 ) -> None:
-    """Own this node's store: warm the ModelDataCaches that target the node, write its
-    NodeCache status and revision labels, lease snapshots for its pods, serve /metrics
-    and /inventory."""
+    """Own this node's store: warm the ModelDataCaches that target the node, pre-pull the
+    images its ModelImageCaches name (referenced per endpoint), write its NodeCache status
+    and revision labels, lease snapshots for its pods, serve /metrics and /inventory, and
+    with --mirror-port the node image mirror."""
     from preheat.runtime.kubernetes.agent import AgentConfig, run_agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -76,6 +89,8 @@ def agent(
             max_warmups=max_warmups,
             resync_s=resync,
             backoff_s=min(backoff, 30.0),
+            mirror_port=mirror_port,
+            mirror_upstream=mirror_upstream,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -29,6 +29,9 @@ class AgentConfig:
     resync_s: float = 10.0
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
+    # image cache (issue 11): the node mirror on 127.0.0.1 (None: not served)
+    mirror_port: int | None = None
+    mirror_upstream: str | None = None
 
     def __post_init__(self) -> None:
         if not self.node:

@@ -57,6 +57,8 @@ class NodeCacheWriter:
         self.wanted = wanted
         self.node_labels: dict[str, str] = {}
         self.written: dict[str, Any] | None = None
+        #: called with each computed status before it is compared and written (images, readyAt)
+        self.extensions: list[Callable[[dict[str, Any]], None]] = []
 
     def _call(self, op: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         try:
@@ -94,7 +96,7 @@ class NodeCacheWriter:
         """The status this node's store and warm-ups call for, given the stored ``obj``."""
         held = held_revisions(self.store.snapshots())
         pending = pending_revisions(self.warmups.warms.values())
-        return nodecache_status(
+        status = nodecache_status(
             generation=int(obj["metadata"].get("generation") or 1),
             now=_now(),
             capacity_bytes=self.cfg.capacity,
@@ -106,6 +108,9 @@ class NodeCacheWriter:
             last_failure=failure_condition(self.warmups.last_failure),
             previous=obj.get("status") or {},
         )
+        for extend in self.extensions:
+            extend(status)
+        return status
 
     def write_status(self) -> bool:
         """Write the NodeCache status when it changed; returns whether it wrote."""

@@ -208,7 +208,12 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
 
 async def _delete(fn: Any, *args: Any) -> None:
     try:
-        await asyncio.to_thread(fn, *args, propagation_policy="Background")
+        # raw answer: a 1.20 API server answers a Service delete with a Status, which the
+        # client fails to read as a V1Service (the handler then waited 60 s to retry)
+        resp = await asyncio.to_thread(
+            fn, *args, propagation_policy="Background", _preload_content=False
+        )
+        resp.release_conn()
     except ApiException as exc:
         if exc.status != 404:
             raise
