@@ -71,6 +71,16 @@ from preheat.errors import ConfigError
     "--lease-seconds", type=click.FloatRange(1), default=15.0, show_default=True,
     help="An origin slot not renewed for this long is taken over by another agent.",
 )  # fmt: skip
+@click.option(
+    "--mirror-port", type=click.IntRange(0, 65535), default=None,
+    help="Also serve the node image mirror (read-only registry API over this store) on "
+    "127.0.0.1:PORT, for containerd's hosts.toml (`preheat k8s render --containerd-mirror`).",
+)  # fmt: skip
+@click.option(
+    "--mirror-upstream", metavar="URL",
+    help="Where the mirror forwards what the store lacks (e.g. https://registry.example); "
+    "default: a registry-style 404, so containerd falls back to the registry itself.",
+)  # fmt: skip
 def agent(
     node: str,
     store: Path,
@@ -87,10 +97,13 @@ def agent(
     peer_url: str | None,
     peer_namespace: str,
     lease_seconds: float,
+    mirror_port: int | None,
+    mirror_upstream: str | None,
 ) -> None:
-    """Own this node's store: warm the ModelDataCaches that target the node, write its
-    NodeCache status and revision labels, lease snapshots for its pods, serve /metrics
-    and /inventory."""
+    """Own this node's store: warm the ModelDataCaches that target the node, pre-pull the
+    images its ModelImageCaches name (referenced per endpoint), write its NodeCache status
+    and revision labels, lease snapshots for its pods, serve /metrics and /inventory, and
+    with --mirror-port the node image mirror."""
     from preheat.runtime.kubernetes.agent import AgentConfig, run_agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -115,6 +128,8 @@ def agent(
             resync_s=resync,
             backoff_s=min(backoff, 30.0),
             peers=peers,
+            mirror_port=mirror_port,
+            mirror_upstream=mirror_upstream,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc

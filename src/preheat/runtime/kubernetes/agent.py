@@ -46,6 +46,8 @@ from typing import Any
 from aiohttp import web
 
 from preheat.runtime.kubernetes.agent_config import AgentConfig, api_client_from, describe_error
+from preheat.runtime.kubernetes.agent_images import ImagePulls, add_ready_at
+from preheat.runtime.kubernetes.agent_images_mirror import start_mirror
 from preheat.runtime.kubernetes.agent_leases import PodLeases
 from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
 from preheat.runtime.kubernetes.agent_status import NodeCacheWriter
@@ -95,6 +97,10 @@ class NodeAgent:
         # Cluster-wide revocations (Revocation objects) applied to this store.
         self.revocations = AgentRevocations(self.store, cfg.store)
         self.nodecache.extra.append(lambda: {"revocations": self.revocations.status()})
+
+        # image cache (issue 11): pre-pulls, references, status.images, readyAt per revision
+        self.images = ImagePulls(cfg, self.store, self.metrics, self._dirty)
+        self.nodecache.extensions += [self.images.add_status, add_ready_at(self.store)]
         self._stop = threading.Event()
         # peers (docs/peers.md): serve the store, fill from peers within the origin budget
         self.peers = None
@@ -172,6 +178,7 @@ class NodeAgent:
                 self.leases.apply,
                 {"field_selector": f"spec.nodeName={self.cfg.node}"},
             ),
+            self.images.watch(self.custom),
         ]
         for name, fn, apply, kw in threads:
             threading.Thread(
@@ -246,11 +253,13 @@ class NodeAgent:
             ("revocations", self._apply_revocations),
             ("policies", self._apply_policies),
             ("labels", self.nodecache.label_node),
+            ("images", lambda: self.images.sync_refs(self.nodecache.node_labels)),
             ("status", self._write_status),
         ]
         for name, step in steps:
             if name == "leases":
                 self._ensure_warmups()
+                self.images.ensure(self.nodecache.node_labels)
             try:
                 await asyncio.to_thread(step)
             except Exception as exc:
@@ -278,12 +287,17 @@ class NodeAgent:
         app.router.add_get("/inventory", inventory)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
+        mirror: web.AppRunner | None = None
         try:
             if self.peers is not None:
                 await self.peers.start()
             site = web.TCPSite(runner, self.cfg.host, self.cfg.port)
             await site.start()
             port = runner.addresses[0][1]
+            if self.cfg.mirror_port is not None:
+                mirror, mport = await start_mirror(self.images.cache, "127.0.0.1",
+                    self.cfg.mirror_port, self.cfg.mirror_upstream, self.metrics)  # fmt: skip
+                log.info("node mirror on http://127.0.0.1:%d", mport)
             self._start_watches()
             if ready is not None:
                 ready(f"http://{self.cfg.host}:{port}")
@@ -298,6 +312,10 @@ class NodeAgent:
             self.warmups.cancel_all()
             if self.peers is not None:
                 await self.peers.aclose()
+
+            self.images.cancel_all()
+            if mirror is not None:
+                await mirror.cleanup()
             await runner.cleanup()
 
 

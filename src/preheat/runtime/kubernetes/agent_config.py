@@ -35,6 +35,10 @@ class AgentConfig:
     #: Serve and use peers (``--peer-port``/``--peer-token-file``); None: origin only.
     peers: PeerConfig | None = None
 
+    # image cache (issue 11): the node mirror on 127.0.0.1 (None: not served)
+    mirror_port: int | None = None
+    mirror_upstream: str | None = None
+
     def __post_init__(self) -> None:
         if not self.node:
             raise ConfigError("--node is empty; pass the Node's name (the DaemonSet sets it)")

@@ -59,6 +59,8 @@ class NodeCacheWriter:
         self.written: dict[str, Any] | None = None
         #: More status fields (e.g. ``agent_peers``: ``peer``, ``warmups``), merged last.
         self.extra: list[Callable[[], dict[str, Any]]] = []
+        #: called with each computed status before it is compared and written (images, readyAt)
+        self.extensions: list[Callable[[dict[str, Any]], None]] = []
 
     def _call(self, op: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         try:
@@ -110,6 +112,8 @@ class NodeCacheWriter:
         )
         for fields in self.extra:
             out.update(fields())
+        for extend in self.extensions:
+            extend(out)
         return out
 
     def write_status(self) -> bool:

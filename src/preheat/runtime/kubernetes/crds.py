@@ -251,7 +251,7 @@ def _node_states() -> Schema:
         _obj(
             {
                 "name": _str(),
-                "state": _str(enum=["Pending", "Filling", "Ready", "Failed", "Evicted"]),
+                "state": _str(enum=["Pending", "Filling", "Pulling", "Ready", "Failed", "Evicted"]),
                 "bytes": _int(minimum=0),
                 "message": _str(),
                 "lastTransitionTime": _str(format="date-time"),
@@ -443,8 +443,10 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
         [
             _column("Image", ".spec.image"),
             _column("Ready Nodes", ".status.readyNodes", "integer"),
-            _condition_column("CacheReady"),
+            _condition_column("Ready"),
+            _condition_column("Degraded"),
             _column("Digest", ".status.digest", priority=1),
+            _column("Endpoints", ".spec.endpoints", priority=1),
         ],
     )
     node = _crd(
@@ -476,9 +478,25 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
                             "pinned": _bool(),
                             "leases": _int(minimum=0),
                             "lastUsed": _str(format="date-time"),
+                            "readyAt": _str("When the snapshot arrived.", format="date-time"),
                         },
                         required=("revision", "state"),
                     )
+                ),
+                "images": _list(
+                    _obj(
+                        {
+                            "image": _str("registry/repository:tag (or @digest), normalised."),
+                            "digest": _str("What the tag resolved to (resolved once)."),
+                            "bytes": _int(minimum=0),
+                            "state": _str(enum=["Pulling", "Ready", "Failed"]),
+                            "readyAt": _str("When the pull finished.", format="date-time"),
+                            "references": _int(minimum=0),
+                            "message": _str("Why the last pull failed (redacted)."),
+                        },
+                        required=("image", "state"),
+                    ),
+                    "Images the node store holds or pulls (ModelImageCache pre-pulls).",
                 ),
                 "evictionOrder": _list(_str(), "Next eviction candidates, first evicted first."),
                 "revocations": _list(

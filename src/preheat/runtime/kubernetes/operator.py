@@ -220,7 +220,12 @@ async def _delete(fn: Any, *args: Any) -> None:
     # Unparsed: a Service delete answers a Status object that the client cannot turn
     # into a Service, and kopf would retry the whole deletion a minute later.
     try:
-        await asyncio.to_thread(fn, *args, propagation_policy="Background", _preload_content=False)
+        # raw answer: a 1.20 API server answers a Service delete with a Status, which the
+        # client fails to read as a V1Service (the handler then waited 60 s to retry)
+        resp = await asyncio.to_thread(
+            fn, *args, propagation_policy="Background", _preload_content=False
+        )
+        resp.release_conn()
     except ApiException as exc:
         if exc.status != 404:
             raise

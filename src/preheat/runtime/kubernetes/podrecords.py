@@ -16,10 +16,9 @@ with ``podrecords_core.start_record_from_pod`` and ``podrecords_context``:
 - with ``probe_engines`` the engine's ``GET /startup`` on the pod IP adds its sub-second
   ``runtime_started``/``weights_loaded`` and the bytes it read.
 
-When a snapshot arrived on a node: the NodeCache ``Ready`` condition's transition time,
-or the moment this recorder first saw the revision held (if it was not held at its first
-list). What it never saw (pods deleted before it started) is not invented: see
-``podrecords_context``.
+When a snapshot arrived on a node: the revision's ``readyAt`` (the agent's), else the
+NodeCache ``Ready`` transition or when this recorder first saw it held. ``image_source``:
+``agent_images_status.image_held_by_node``. Nothing unseen is invented.
 
 Threads: :meth:`start` runs one daemon thread that lists everything, watches pods from the
 list's resourceVersion for ``resync_s``, and lists again (also after any error, with a
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from preheat.errors import ConfigError
+from preheat.runtime.kubernetes.agent_images_status import image_held_by_node
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.podrecords_context import (
     NODE_LOSS_WINDOW_S,
@@ -220,12 +220,11 @@ class PodStartRecorder:
         if not snap.held:
             return snap
         entries = (self._nodecaches[node or ""].get("status") or {}).get("revisions") or ()
-        seen = [
-            self._first_held.get((node or "", str(e.get("revision"))))
-            for e in entries
-            if str(e.get("revision"))
-            in {ann.get(REVISION_ANNOTATION), ann.get(SNAPSHOT_ANNOTATION)}
-        ]
+        keys = {ann.get(REVISION_ANNOTATION), ann.get(SNAPSHOT_ANNOTATION)}
+        mine = [e for e in entries if str(e.get("revision")) in keys]
+        if any(e.get("readyAt") for e in mine):
+            return snap  # the agent wrote when it arrived: exact, not observed
+        seen = [self._first_held.get((node or "", str(e.get("revision")))) for e in mine]
         times = [t for t in (snap.ready_at, *seen) if t is not None]
         return NodeSnapshot(True, min(times) if times else None, snap.size_bytes)
 
@@ -265,6 +264,7 @@ class PodStartRecorder:
                 reason=reason,
                 node_is_new=new,
                 failure=failure,
+                image_held=image_held_by_node(pod, self._nodecaches),
             )
         except ValueError as exc:
             log.warning("cannot record the start of pod %s: %s", peer.name, exc)

@@ -11,8 +11,9 @@ boundary           taken from (first start; ``restartCount`` 0)
 ``scheduled``      ``metadata.creationTimestamp``: when the controller asked for the replica
                    (the scheduler's queue and binding count towards the next stage)
 ``image_ready``    the first container's ``startedAt`` (the first init container's, else the
-                   engine's): the node had the image then. ``image_source`` stays ``None``:
-                   the pod object does not say whether the image was pulled
+                   engine's): the node had the image then. ``image_source`` is the caller's
+                   ``image_held`` (``cache``: the node's agent held the engine image before the
+                   pod was created, ``pull``: it did not; ``None``: unknown)
 ``weights_ready``  the last init container's ``finishedAt`` (on a cold node the init step
                    pulls from the origin); with no init container, the engine's ``startedAt``
 ``runtime_started`` the engine container's ``startedAt``, or the engine's own ``/startup``
@@ -29,7 +30,8 @@ A container restart (``restartCount`` n > 0) is a start of its own: ``scheduled`
 class is ``warm_restart``, ``restart_count`` is n.
 
 Weights source: ``cache`` when the node's agent held the pod's snapshot when the weights
-step began (``NodeSnapshot.held``, arrived no later than ``image_ready``), else ``origin``
+step began (``NodeSnapshot.held``, arrived no later than ``image_ready``; the arrival time
+is the revision's ``readyAt`` in the NodeCache when the agent writes one), else ``origin``
 (the init container pulled it). ``bytes_from`` is that source with the snapshot's bytes
 (from the agent, else the engine's ``weights_bytes``).
 
@@ -137,6 +139,8 @@ def node_snapshot_from_nodecache(
                 if ready.get("status") == "True"
                 else None
             )
+            if entry.get("readyAt"):  # the agent's own arrival time of this revision
+                at = parse_time(entry["readyAt"])
             size = entry.get("bytes")
             return NodeSnapshot(True, at, int(size) if isinstance(size, int) else None)
     return NodeSnapshot(False)
@@ -265,6 +269,7 @@ def start_record_from_pod(
     reason: StartReason = StartReason.INITIAL,
     node_is_new: bool = False,
     failure: str | None = None,
+    image_held: bool | None = None,
 ) -> StartRecord | None:
     """The record of the pod's current start (see the module header), or ``None`` while it
     is still starting. ``failure`` (e.g. deleted before ready) forces a failed record.
@@ -329,6 +334,9 @@ def start_record_from_pod(
         scheduled=scheduled,
         **clean,
         weights_source=weights_source,
+        image_source=None
+        if image_held is None or restarts
+        else ("cache" if image_held else "pull"),
         bytes_from={weights_source: size} if size else {},
         restart_count=restarts,
         failure=None if failure is None else redact_url(failure),

@@ -55,6 +55,9 @@ AGENT_PORT = 9101
 AGENT_PEER_PORT = 9102
 PEER_TOKEN_SECRET = "preheat-peer-token"
 PEER_TOKEN_DIR = "/etc/preheat/peer"
+#: The node image mirror the agent serves on each node's 127.0.0.1 (``--mirror-port``); the
+#: default of ``preheat k8s render --mirror-url`` (containerd's ``hosts.toml``) points at it.
+MIRROR_PORT = 5001
 ROUTER_PORT = 8080
 
 _READ = ["get", "list", "watch"]
@@ -217,6 +220,12 @@ def system_manifests(
                 "metadata": {"labels": ag},
                 "spec": {
                     "serviceAccountName": "preheat-agent",
+                    # The node's containerd (a host process) pulls through the mirror at
+                    # 127.0.0.1:MIRROR_PORT: only the host network reaches that loopback
+                    # (a hostPort is DNATed to the pod IP and not served on 127.0.0.1 by
+                    # most CNIs), and the mirror binds loopback only, so it is not exposed.
+                    "hostNetwork": True,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
                     # Every node that may run replicas needs its agent, GPU taints included.
                     "tolerations": [{"operator": "Exists"}],
                     "containers": [
@@ -242,8 +251,14 @@ def system_manifests(
                                 f"{PEER_TOKEN_DIR}/token",
                                 "--namespace",
                                 namespace,
+                                "--mirror-port",
+                                str(MIRROR_PORT),
                             ],
-                            [("http", AGENT_PORT), ("peers", AGENT_PEER_PORT)],
+                            [
+                                ("http", AGENT_PORT),
+                                ("peers", AGENT_PEER_PORT),
+                                ("mirror", MIRROR_PORT),
+                            ],
                             env=[
                                 {
                                     "name": "NODE_NAME",
