@@ -72,7 +72,7 @@ class KVEventsSpec:
             q["hash_seed"] = self.hash_seed
         if self.block_size != 16:
             q["block_size"] = str(self.block_size)
-        return self.endpoint + ("?" + urlencode(q) if q else "")
+        return self.endpoint + ("?" + urlencode(q, safe=":/") if q else "")
 
 
 def parse_kv_events(value: Any, *, where: str) -> KVEventsSpec:
