@@ -524,3 +524,70 @@ def test_kubernetes_options_are_checked_before_connecting(tmp_path: Path) -> Non
     for args, message in cases.items():
         out = _preheat("router", "serve", "--port", "1", *args, check=False)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+
+
+def test_slice_kv_event_ports_become_each_instances_publisher() -> None:
+    """Ports named kv-events and kv-replay give each address tcp://ADDRESS:PORT (with the
+    replay endpoint and the endpoint-wide hash options); a slice without them, none."""
+    from preheat.runtime.kubernetes.discovery import kv_event_endpoints
+
+    ports = [{"name": "http", "port": 8000}, {"name": "kv-events", "port": 5557}]
+    sl = {
+        "metadata": {"labels": {"kubernetes.io/service-name": "chat-main"}},
+        "ports": [*ports, {"name": "kv-replay", "port": 5558}],
+        "endpoints": [{"addresses": ["127.1.0.2"]}],
+    }
+    got = kv_event_endpoints([sl], {"chat-main": "main"}, "hash=sha256_cbor&hash_seed=0")
+    assert got == {
+        "http://127.1.0.2:8000": "tcp://127.1.0.2:5557?replay=tcp://127.1.0.2:5558"
+        "&hash=sha256_cbor&hash_seed=0"
+    }
+    assert kv_event_endpoints([{**sl, "ports": ports[:1]}], {"chat-main": "main"}) == {}
+
+
+def test_discovered_kv_event_ports_are_subscribed(kube: KubeCluster, router: RouterProc) -> None:
+    """An EndpointSlice of the variant's Service whose ports include kv-events/kv-replay
+    (created on the API server) makes the running router list that instance with its
+    publisher; deleting the slice removes both."""
+    from kubernetes import config
+
+    with config.new_client_from_config(config_file=str(kube.kubeconfig)) as api:
+        version = discovery_version(api)
+    base = f"/apis/discovery.k8s.io/{version}/namespaces/default/endpointslices"
+    sl = {
+        "apiVersion": f"discovery.k8s.io/{version}",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "chat-main-kv",
+            "labels": {
+                "kubernetes.io/service-name": SERVICE,
+                "endpointslice.kubernetes.io/managed-by": "preheat-tests",
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [
+            {"name": "http", "port": 8000, "protocol": "TCP"},
+            {"name": "kv-events", "port": 5557, "protocol": "TCP"},
+            {"name": "kv-replay", "port": 5558, "protocol": "TCP"},
+        ],
+        "endpoints": [{"addresses": ["127.0.0.250"], "conditions": {"ready": True}}],
+    }
+    kube.rest().must("POST", base, sl)
+    url = "http://127.0.0.250:8000"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            (main,) = router.config()["variants"]
+            inst = {i["url"]: i for i in main["instances"]}
+            if url in inst and "kv_events" in inst[url]:
+                break
+            assert time.monotonic() < deadline, f"not discovered: {main['instances']}"
+            time.sleep(0.3)
+        assert inst[url]["kv_events"] == "tcp://127.0.0.250:5557?replay=tcp://127.0.0.250:5558"
+        assert inst[url]["kv_events_status"]["state"] == "waiting"
+    finally:
+        kube.rest().must("DELETE", f"{base}/chat-main-kv")
+    deadline = time.monotonic() + 30
+    while url in router.instances():
+        assert time.monotonic() < deadline, "the slice's instance was not removed"
+        time.sleep(0.3)

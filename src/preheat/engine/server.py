@@ -38,12 +38,13 @@ from typing import Any
 from aiohttp import web
 
 from preheat.errors import ConfigError, PromptTooLong
+from preheat.kvhash import make_scheme
 from preheat.timing import EngineProfile
 
 from .core.chat import render_chat
 from .core.scheduler import Scheduler, SeqOutput
 from .core.tokenizer import Tokenizer, filler_text
-from .kvevents import KVEventPublisher, batch_events
+from .kvevents import ExternalHashes, KVEventPublisher, batch_events, parse_options
 from .metrics import EngineMetrics
 
 __all__ = ["EngineConfig", "EngineServer", "serve"]
@@ -78,8 +79,8 @@ class EngineConfig:
     runtime_started: float | None = None
     """Epoch time the process started; default: when the server object is made."""
     kv_events: str | None = None
-    """Publish KV-cache events as vLLM does (ZMQ PUB bound here, e.g. tcp://127.0.0.1:5557;
-    engine/kvevents.py); None: off."""
+    """Publish KV-cache events as vLLM does (ZMQ PUB bound here, e.g. tcp://127.0.0.1:5557,
+    with ``?hash=...&hash_seed=...&replay=tcp://...`` options; engine/kvevents.py); None: off."""
     kv_events_pod: str | None = None
     """The ``<pod>`` of the event topic ``kv@<pod>@<model>``; default host:port."""
 
@@ -147,10 +148,20 @@ class EngineServer:
         self._engine_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._kv_pub: KVEventPublisher | None = None
-        self._kv_tokens: dict[Hashable, tuple[list[int], int]] = {}
+        self._kv_tokens: dict[Hashable, tuple[list[int], int, str | None]] = {}
+        self._kv_ext: ExternalHashes | None = None
+        self._replay_task: asyncio.Task[None] | None = None
         if config.kv_events:
+            opts = parse_options(config.kv_events)
             pod = config.kv_events_pod or f"{config.host}:{config.port}"
-            self._kv_pub = KVEventPublisher(config.kv_events, f"kv@{pod}@{self.model}")
+            self._kv_pub = KVEventPublisher(
+                opts.endpoint,
+                f"kv@{pod}@{self.model}",
+                replay=opts.replay,
+                block_size=self.sched.kv.block_size,
+                buffer_steps=opts.buffer_steps,
+            )
+            self._kv_ext = ExternalHashes(make_scheme(opts.hash, opts.hash_seed))
             self.sched.kv.events = []
         self.app = self._make_app()
         self._log_stage("runtime_started")
@@ -173,6 +184,8 @@ class EngineServer:
     async def start(self) -> None:
         """Start listening (``/health`` is 503 until :meth:`load_weights` finishes)."""
         self._engine_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
+        if self._kv_pub is not None:
+            self._replay_task = asyncio.create_task(self._serve_replay(), name="kv-replay")
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=1024)
@@ -199,8 +212,23 @@ class EngineServer:
             self._engine_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._engine_task
+        if self._replay_task is not None:
+            self._replay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replay_task
         if self._kv_pub is not None:
             self._kv_pub.close()
+
+    async def _serve_replay(self) -> None:
+        """Answer KV-event replay requests every 50 ms; changes not yet published are
+        published first, so a snapshot is the cache as of its sequence number."""
+        pub = self._kv_pub
+        assert pub is not None
+        while True:
+            await asyncio.sleep(0.05)
+            if pub.replay_waiting():
+                self._publish_kv()
+                pub.serve_replay()
 
     def _log_stage(self, stage: str) -> None:
         line = {"event": "start_stage", "stage": stage, "t": self.stages.get(stage, time.time())}
@@ -264,10 +292,14 @@ class EngineServer:
             known = self._kv_tokens.get(seq)
             if known is None:
                 return None
-            prompt, max_tokens = known
+            prompt, max_tokens, _ = known
             return prompt + Tokenizer.filler_ids(0, max_tokens)
 
-        self._kv_pub.publish(batch_events(raw, tokens_of, kv.block_size))
+        def salt_of(seq: Hashable) -> str | None:
+            known = self._kv_tokens.get(seq)
+            return known[2] if known is not None else None
+
+        self._kv_pub.publish(batch_events(raw, tokens_of, kv.block_size, self._kv_ext, salt_of))
         for req_id in [r for r in self._kv_tokens if r not in self._sinks]:
             del self._kv_tokens[req_id]
 
@@ -319,7 +351,7 @@ class EngineServer:
             raise _BadRequest(400, str(exc), param) from exc
         self._sinks[req_id] = sink
         if self._kv_pub is not None:
-            self._kv_tokens[req_id] = (tokens, max_tokens)
+            self._kv_tokens[req_id] = (tokens, max_tokens, salt)
         self._wake.set()
         return req_id, sink
 

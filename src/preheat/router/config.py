@@ -16,7 +16,8 @@ File format (YAML or JSON; see docs/routing.md)::
         load_weight: 0.05           # queued prefill vs this prompt's uncached prefill
         placement: learned          # learned | hash (stateless) | hybrid (agree; see docs)
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
-    # or, with the instance's KV-event publisher (router/kvevents_sub.py):
+    # or, with the instance's KV-event publisher (router/kvevents_sub.py; the options of a
+    # real model's engine, tokenizer/hash/replay, are in router/kvspec.py):
     #   - {url: http://127.0.0.1:8001, kv_events: tcp://127.0.0.1:5557}
     kv_events_silence_s: 5.0        # owed KV events missing this long -> learned fallback
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504
@@ -258,17 +259,11 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
 
 
 def check_kv_events(endpoint: Any, *, where: str) -> str:
-    """A KV-event publisher endpoint: ``tcp://host:port`` (ZMQ), as vLLM binds it."""
-    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
-    try:
-        ok = parts is not None and parts.scheme == "tcp" and bool(parts.hostname) and parts.port
-    except ValueError:
-        ok = False
-    if not ok or parts is None or parts.path not in ("", "/"):
-        raise ConfigError(
-            f"{where}: kv_events {endpoint!r} is not a ZMQ endpoint like tcp://127.0.0.1:5557"
-        )
-    return str(endpoint).rstrip("/")
+    """A KV-event setting (router/kvspec.py: ``tcp://host:port`` as vLLM binds it, or a
+    mapping with endpoint, replay, tokenizer, hash, hash_seed, block_size), as one string."""
+    from preheat.router.kvspec import parse_kv_events
+
+    return parse_kv_events(endpoint, where=where).canonical()
 
 
 def with_kv_events(config: RouterConfig, endpoints: Mapping[str, str]) -> RouterConfig:

@@ -15,6 +15,22 @@ It marks an instance ``fallback`` (the learned index decides for it again) when:
 
 A malformed message is counted and skipped. Resync: a batch with ``AllBlocksCleared``
 (``POST /reset_prefix_cache`` on the engine) or a restarted publisher (sequence 0).
+
+**Late join (replay).** A router started after its engines first sees a sequence number
+above 0, so it cannot trust the blocks it was not told about. With ``replay:`` in the
+instance's setting (router/kvspec.py; vLLM's ``replay_endpoint``) it asks for the
+stream from sequence 0 over a DEALER socket (vLLM's protocol; engine/kvevents.py) and
+applies what comes back before the live batches (read after it; duplicates skipped):
+
+* vLLM, while its buffer (``buffer_steps``, 10,000 batches) still holds sequence 0: the
+  whole history, so the index is synced;
+* vLLM, past that: the buffer's tail, which does not start at 0, so the instance stays
+  ``fallback`` (learned index only) until its next ``AllBlocksCleared`` or restart;
+* the simulated engine: a snapshot batch (``AllBlocksCleared`` + every block it holds)
+  tagged with its last sequence number, so the index is synced at once.
+
+No answer within ``REPLAY_TIMEOUT_S`` (5 s): the instance stays in fallback as without
+replay. The instance's tokenizer and hash (router/kvspec.py) are set on the index here.
 """
 
 from __future__ import annotations
@@ -30,11 +46,14 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from preheat.engine.kvevents import END_SEQ
 from preheat.router.kvprecise import PreciseIndex
+from preheat.router.kvspec import KVEventsSpec, PromptCache, parse_kv_events, prompt_blocks
 
 __all__ = ["KVEventSubscriber"]
 
 log = logging.getLogger("preheat.router.kvevents")
+REPLAY_TIMEOUT_S = 5.0
 
 
 class KVEventSubscriber:
@@ -44,21 +63,29 @@ class KVEventSubscriber:
         self.index = index
         self.silence_s = silence_s
         self.endpoints: dict[str, str] = {}
+        self.specs: dict[str, KVEventsSpec] = {}
         self.malformed = 0
+        self.replays = 0
+        self._prompts: PromptCache = {}
+        self._dedupe: dict[str, int] = {}  # after a replay: live batches up to this are old
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._owed_since: dict[str, float] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._watch: asyncio.Task[None] | None = None
 
     def configure(self, endpoints: Mapping[str, str], silence_s: float) -> None:
-        """Follow a new config: subscribe to new endpoints, drop the ones that left."""
+        """Follow a new config (``{instance URL: kv_events setting}``): subscribe to new
+        endpoints, drop the ones that left, set each instance's tokenizer and hash."""
+        specs = {u: parse_kv_events(v, where=f"instance {u}") for u, v in endpoints.items()}
+        prompts = {u: prompt_blocks(sp, self._prompts) for u, sp in specs.items()}
         self.silence_s = silence_s
         self.endpoints = dict(endpoints)
+        self.specs = specs
         for url in list(self.index.instances):
             if url not in self.endpoints:
                 self.index.remove(url)
         for url in self.endpoints:
-            self.index.add(url)
+            self.index.add(url, prompts[url])
         if self._ctx is not None:
             self._reconcile()
 
@@ -97,7 +124,8 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sock.connect(endpoint)
+        spec = self.specs.get(url)
+        sock.connect(spec.endpoint if spec is not None else endpoint)
         poller = zmq.asyncio.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
@@ -110,17 +138,70 @@ class KVEventSubscriber:
                             log.warning("KV events of %s: publisher disconnected", url)
                             self.index.lost(url, "publisher disconnected")
                     else:
-                        self._handle(url, await sock.recv_multipart())
+                        frames = await sock.recv_multipart()
+                        if self._joining(url, frames) and spec is not None and spec.replay:
+                            await self._replay(url, spec.replay)
+                        self._handle(url, frames)
         finally:
             sock.disable_monitor()
             mon.close(0)
             sock.close(0)
+
+    def _joining(self, url: str, frames: list[bytes]) -> bool:
+        """The first batch this router sees from the instance comes mid-stream."""
+        ib = self.index.instances.get(url)
+        return (
+            ib is not None
+            and ib.last_seq < 0
+            and len(frames) == 3
+            and len(frames[1]) == 8
+            and int.from_bytes(frames[1], "big") > 0
+        )
+
+    async def _replay(self, url: str, endpoint: str) -> None:
+        """Ask the publisher's replay socket for the stream from 0 and apply the answer."""
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        got = 0
+        try:
+            await sock.send_multipart([b"", (0).to_bytes(8, "big")])
+            async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                while True:
+                    frames = await sock.recv_multipart()
+                    frames = frames[1:] if frames and frames[0] == b"" else frames
+                    if len(frames) == 3:  # a topic frame (newer vLLM): drop it
+                        frames = frames[1:]
+                    if len(frames) != 2 or frames[0] == END_SEQ:
+                        break
+                    self._handle(url, [b"", frames[0], frames[1]])
+                    got += 1
+        except TimeoutError:
+            log.warning(
+                "KV events of %s: no replay answer from %s in %.0fs",
+                url,
+                endpoint,
+                REPLAY_TIMEOUT_S,
+            )
+        finally:
+            sock.close(0)
+        self.replays += 1
+        ib = self.index.instances.get(url)
+        if ib is not None and ib.last_seq >= 0:
+            self._dedupe[url] = ib.last_seq
+        log.info("KV events of %s: replayed %d batch(es) -> %s", url, got, self.index.state(url))
 
     def _handle(self, url: str, frames: list[bytes]) -> None:
         try:
             if len(frames) != 3 or len(frames[1]) != 8:
                 raise ValueError(f"{len(frames)} frames")
             seq = int.from_bytes(frames[1], "big")
+            upto = self._dedupe.get(url)
+            if upto is not None:
+                if 0 < seq <= upto:
+                    return  # already applied from the replay
+                del self._dedupe[url]
             batch = msgpack.unpackb(frames[2])
             if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
                 raise ValueError("the payload is not an EventBatch [ts, events, ...]")

@@ -5,10 +5,15 @@ An engine started with KV events (vLLM ``--kv-events-config``, the simulated eng
 wire format). ``PreciseIndex`` applies those batches to one set of block hashes per
 instance and answers, for a prompt, how many of its leading blocks each instance holds.
 
-* **Hashes.** A prompt is tokenized and hashed exactly as the simulated engine does it,
-  with the engine's own code: ``render_chat`` for chat messages, its ``Tokenizer``, and
-  ``kvcache.block_hashes`` (chained, per full block of ``block_size`` tokens, the
-  request's ``cache_salt`` starting the chain).
+* **Hashes.** A prompt is tokenized and hashed exactly as its instance's engine does it
+  (router/kvprompt.py, cached by chunk): by default the simulated engine's template,
+  tokenizer and ``builtin`` hash; per instance a model's ``tokenizer.json`` and vLLM's
+  ``sha256``/``sha256_cbor`` chain (router/kvspec.py, preheat/kvhash.py). Instances
+  with the same codec, scheme and block size share one computation per request.
+* **Lookup cost.** Each block hash maps to a bitmask of the instances that announced it
+  or have it pending (the two sets are disjoint); a prompt's held run per instance is a running
+  AND of its blocks' masks, stopped at the first block no instance holds: one dict
+  probe per matched block, whatever the number of instances.
 * **Trust.** An instance is ``synced`` (its set is what the engine holds) only after a
   batch with sequence number 0 (the publisher's first) or one holding
   ``AllBlocksCleared``. A sequence gap (a lost message) or ``lost`` (the adapter saw the
@@ -35,40 +40,28 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from preheat.engine.core.chat import render_chat
-from preheat.engine.core.tokenizer import Tokenizer
-from preheat.errors import ConfigError
-from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
+from preheat.kvhash import HashScheme, external_hash
+from preheat.router.kvprompt import EngineCodec, PromptBlocks
 
 __all__ = ["STATES", "InstanceBlocks", "Lookup", "PreciseIndex", "prompt_tokens"]
 
 STATES = ("waiting", "synced", "fallback")
 MAX_PENDING = 4096
-_TOKENIZER = Tokenizer()
+DEFAULT_BLOCK_SIZE = 16
+_ENGINE = EngineCodec()
 
 
 def prompt_tokens(body: Mapping[str, Any]) -> list[int] | None:
     """The prompt's token ids as the simulated engine computes them (None: no prompt)."""
-    msgs = body.get("messages")
-    if msgs is not None:
-        try:
-            return _TOKENIZER.encode(render_chat(msgs, body.get("tools")))
-        except ConfigError:
-            return None
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return _TOKENIZER.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
-        return list(prompt)
-    return None
+    return PromptBlocks(_ENGINE, HashScheme("builtin")).tokens(body)
 
 
 @dataclass(slots=True)
 class InstanceBlocks:
     """One instance's announced blocks and how far they can be trusted."""
 
+    prompt: PromptBlocks
+    bit: int
     blocks: set[int] = field(default_factory=set)
     state: str = "waiting"
     reason: str = "no event received yet"
@@ -82,18 +75,32 @@ class InstanceBlocks:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """A prompt's block hashes, and the leading blocks each synced instance holds."""
+    """A prompt's block hashes, and the leading blocks each synced instance holds.
+
+    ``groups``: per codec/scheme group, (hashes, prompt tokens, block size); ``group``:
+    each synced instance's index into it. ``hashes``/``num_tokens``/``block_size`` are
+    the first group's (the only one when all instances run one model)."""
 
     hashes: tuple[int, ...]
     num_tokens: int
     block_size: int
     held: Mapping[str, int]
     synced: frozenset[str]
+    groups: tuple[tuple[tuple[int, ...], int, int], ...] = ()
+    group: Mapping[str, int] = field(default_factory=dict)
 
     def held_chars(self, prompt_chars: int) -> dict[str, int]:
         """The held tokens of each synced instance as prompt characters (pro rata)."""
-        per = prompt_chars / max(self.num_tokens, 1)
-        return {x: int(n * self.block_size * per) for x, n in self.held.items()}
+        out = {}
+        for x, n in self.held.items():
+            _, ntok, bs = (
+                self.groups[self.group[x]] if self.groups else (0, self.num_tokens, self.block_size)
+            )
+            out[x] = int(n * bs * prompt_chars / max(ntok, 1))
+        return out
+
+    def hashes_of(self, instance_id: str) -> tuple[int, ...]:
+        return self.groups[self.group[instance_id]][0] if self.groups else self.hashes
 
 
 class PreciseIndex:
@@ -101,13 +108,36 @@ class PreciseIndex:
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.block_size = block_size
+        self.default_prompt = PromptBlocks(_ENGINE, HashScheme("builtin"), block_size)
         self.instances: dict[str, InstanceBlocks] = {}
+        # block hash -> bitmask of the instances that announced it or have it pending
+        self._mask: dict[int, int] = {}
+        self._by_bit: dict[int, str] = {}
 
-    def add(self, instance_id: str) -> None:
-        self.instances.setdefault(instance_id, InstanceBlocks())
+    def add(self, instance_id: str, prompt: PromptBlocks | None = None) -> None:
+        """Track ``instance_id``; ``prompt``: how its engine hashes prompts (default: the
+        simulated engine's). A changed ``prompt`` drops what was learned."""
+        prompt = prompt or self.default_prompt
+        ib = self.instances.get(instance_id)
+        if ib is not None:
+            if ib.prompt.key == prompt.key:
+                ib.prompt = prompt
+                return
+            self._fall_back(ib, "the instance's tokenizer or hash changed")
+            ib.state, ib.reason, ib.last_seq = "waiting", "no event received yet", -1
+            ib.prompt = prompt
+            return
+        bit = 1
+        while bit in self._by_bit:
+            bit <<= 1
+        self._by_bit[bit] = instance_id
+        self.instances[instance_id] = InstanceBlocks(prompt, bit)
 
     def remove(self, instance_id: str) -> None:
-        self.instances.pop(instance_id, None)
+        ib = self.instances.pop(instance_id, None)
+        if ib is not None:
+            self._drop(ib)
+            del self._by_bit[ib.bit]
 
     def state(self, instance_id: str) -> str | None:
         ib = self.instances.get(instance_id)
@@ -122,7 +152,7 @@ class PreciseIndex:
         ib.owes_events = False
         if seq == 0 and ib.last_seq >= 0:
             # The publisher restarted (a new engine): its cache starts empty.
-            ib.blocks.clear()
+            self._drop(ib)
             self._sync(ib, "publisher restarted (sequence 0)")
         elif seq == 0:
             self._sync(ib, "first batch of the publisher")
@@ -132,22 +162,32 @@ class PreciseIndex:
         elif ib.last_seq < 0:
             self._fall_back(ib, f"joined the stream at sequence {seq}: earlier events missed")
         ib.last_seq = seq
+        mask, bit = self._mask, ib.bit
         for ev in events:
             if not isinstance(ev, list | tuple) or not ev:
                 continue
             kind = ev[0]
             if kind == "AllBlocksCleared":
-                ib.blocks.clear()
+                self._drop(ib)
                 self._sync(ib, "AllBlocksCleared")
-            elif ib.state != "synced":
+            elif ib.state != "synced" or len(ev) < 2 or not isinstance(ev[1], list | tuple):
                 continue
-            elif kind == "BlockStored" and len(ev) > 1:
-                ib.blocks.update(ev[1])
-                if ib.pending:
-                    for h in ev[1]:
-                        ib.pending.pop(h, None)
-            elif kind == "BlockRemoved" and len(ev) > 1:
-                ib.blocks.difference_update(ev[1])
+            elif kind == "BlockStored":
+                for raw in ev[1]:
+                    h = external_hash(raw)
+                    if h is None or h in ib.blocks:
+                        continue
+                    ib.blocks.add(h)
+                    if h in ib.pending:
+                        del ib.pending[h]  # its bit stays: now announced
+                    else:
+                        mask[h] = mask.get(h, 0) | bit
+            elif kind == "BlockRemoved":
+                for raw in ev[1]:
+                    h = external_hash(raw)
+                    if h is not None and h in ib.blocks:
+                        ib.blocks.discard(h)
+                        self._clear(h, bit)
 
     def lost(self, instance_id: str, reason: str) -> None:
         """The adapter lost the stream (disconnect, silence): fall back until a resync."""
@@ -158,43 +198,77 @@ class PreciseIndex:
     def lookup(self, body: Mapping[str, Any] | None, ids: Collection[str]) -> Lookup | None:
         """Held leading blocks of the prompt on each synced instance of ``ids``; None if no
         instance of ``ids`` is synced or the body has no prompt to tokenize."""
+        if body is None:
+            return None
         inst = self.instances
-        synced = frozenset(x for x in ids if (ib := inst.get(x)) and ib.state == "synced")
-        if not synced or body is None:
+        masks: dict[int, tuple[PromptBlocks, int]] = {}
+        synced = []
+        for x in ids:
+            ib = inst.get(x)
+            if ib is not None and ib.state == "synced":
+                synced.append(x)
+                k = id(ib.prompt)
+                pb_mask = masks.get(k)
+                masks[k] = (ib.prompt, (pb_mask[1] if pb_mask else 0) | ib.bit)
+        if not synced:
             return None
-        tokens = prompt_tokens(body)
-        if tokens is None:
+        held_n: dict[str, int] = {}
+        group: dict[str, int] = {}
+        groups: list[tuple[tuple[int, ...], int, int]] = []
+        held, by_bit = self._mask, self._by_bit
+        for pb, mask in masks.values():
+            got = pb.blocks(body)
+            if got is None:
+                continue
+            hashes, ntok = got
+            gi = len(groups)
+            groups.append((tuple(hashes), ntok, pb.block_size))
+            cur = mask
+            for j, h in enumerate(hashes):
+                m = held.get(h, 0) & cur
+                if m != cur:
+                    gone = cur & ~m
+                    while gone:
+                        low = gone & -gone
+                        x = by_bit[low]
+                        held_n[x] = j
+                        group[x] = gi
+                        gone ^= low
+                    cur = m
+                    if not cur:
+                        break
+            while cur:
+                low = cur & -cur
+                x = by_bit[low]
+                held_n[x] = len(hashes)
+                group[x] = gi
+                cur ^= low
+        if not groups:
             return None
-        salt = body.get("cache_salt")
-        hashes = block_hashes(tokens, self.block_size, salt=salt if isinstance(salt, str) else None)
-        held: dict[str, int] = {}
-        for x in synced:
-            blocks = inst[x].blocks
-            pending = inst[x].pending
-            n = 0
-            for h in hashes:
-                if h not in blocks and h not in pending:
-                    break
-                n += 1
-            held[x] = n
-        return Lookup(tuple(hashes), len(tokens), self.block_size, held, synced)
+        h0, n0, b0 = groups[0]
+        return Lookup(h0, n0, b0, held_n, frozenset(group), tuple(groups), group)
 
     def sent(self, instance_id: str, lookup: Lookup) -> None:
         """The prompt of ``lookup`` went to ``instance_id``: it owes events if it lacks some
         of the prompt's full blocks (the engine will store them)."""
         ib = self.instances.get(instance_id)
-        if (
-            ib is not None
-            and ib.state == "synced"
-            and lookup.held.get(instance_id, 0) < len(lookup.hashes)
-        ):
-            ib.owes_events = True
-            pending = ib.pending
-            for h in lookup.hashes[lookup.held.get(instance_id, 0) :]:
-                if h not in ib.blocks:
-                    pending[h] = None
-            while len(pending) > MAX_PENDING:
-                del pending[next(iter(pending))]
+        if ib is None or ib.state != "synced" or instance_id not in lookup.group:
+            return
+        hashes = lookup.hashes_of(instance_id)
+        have = lookup.held.get(instance_id, 0)
+        if have >= len(hashes):
+            return
+        ib.owes_events = True
+        pending = ib.pending
+        mask, bit = self._mask, ib.bit
+        for h in hashes[have:]:
+            if h not in ib.blocks and h not in pending:
+                pending[h] = None
+                mask[h] = mask.get(h, 0) | bit
+        while len(pending) > MAX_PENDING:
+            h = next(iter(pending))
+            del pending[h]
+            self._clear(h, bit)
 
     def digest(self, instance_id: str) -> int:
         """An order-free fingerprint of an instance's block set (equal sets, equal digests)."""
@@ -207,7 +281,8 @@ class PreciseIndex:
         return d
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Per instance: state, reason, blocks held, batches, gaps, last sequence number."""
+        """Per instance: state, reason, blocks held, batches, gaps, last sequence number,
+        and the tokenizer/hash it is read with."""
         return {
             x: {
                 "state": ib.state,
@@ -217,20 +292,37 @@ class PreciseIndex:
                 "gaps": ib.gaps,
                 "last_seq": ib.last_seq,
                 "digest": f"{self.digest(x):016x}",
+                "tokenizer": ib.prompt.codec.name,
+                "hash": ib.prompt.scheme.name,
             }
             for x, ib in self.instances.items()
         }
 
-    @staticmethod
-    def _sync(ib: InstanceBlocks, reason: str) -> None:
-        ib.state = "synced"
-        ib.reason = reason
+    def _clear(self, h: int, bit: int) -> None:
+        m = self._mask.get(h, 0) & ~bit
+        if m:
+            self._mask[h] = m
+        else:
+            self._mask.pop(h, None)
+
+    def _drop(self, ib: InstanceBlocks) -> None:
+        """Forget the instance's blocks and pending blocks (and their mask bits)."""
+        for h in ib.blocks:
+            self._clear(h, ib.bit)
+        ib.blocks.clear()
+        for h in ib.pending:
+            self._clear(h, ib.bit)
         ib.pending.clear()
 
-    @staticmethod
-    def _fall_back(ib: InstanceBlocks, reason: str) -> None:
+    def _sync(self, ib: InstanceBlocks, reason: str) -> None:
+        ib.state = "synced"
+        ib.reason = reason
+        for h in ib.pending:
+            self._clear(h, ib.bit)
+        ib.pending.clear()
+
+    def _fall_back(self, ib: InstanceBlocks, reason: str) -> None:
         ib.state = "fallback"
         ib.reason = reason
-        ib.blocks.clear()
-        ib.pending.clear()
+        self._drop(ib)
         ib.owes_events = False

@@ -11,6 +11,14 @@
   is an instance ``http://ADDRESS:PORT`` (the slice's port named ``http``, else its
   first); one that is listed but not ready (failing its probe, or ``terminating``) is
   drained: kept, sent nothing new; one that is gone from every slice is removed.
+* **KV events.** An EndpointSlice port named ``kv-events`` (the pod's ZMQ publisher,
+  vLLM's ``--kv-events-config`` endpoint) makes each of its addresses publish at
+  ``tcp://ADDRESS:PORT``, and one named ``kv-replay`` adds the replay endpoint; the
+  router subscribes to them (router/kvevents_sub.py). How the engines hash prompts
+  (``tokenizer``, ``hash``, ``hash_seed``, ``block_size``; router/kvspec.py) is the
+  same for the whole endpoint: ``Discovery(..., kv_events_options="hash=sha256_cbor&
+  hash_seed=0&tokenizer=/models/snap")``; default: the simulated engine's. Named ports
+  need no RBAC beyond the EndpointSlices the router already reads.
 * **Routing.** The ``InferenceEndpoint``'s ``spec.routing`` (strategy, prefix length,
   concurrency threshold) and the variants' weights become the router's variants; a change
   to the object is applied live. A change that does not parse is logged and ignored: the
@@ -47,6 +55,7 @@ from kubernetes.config.config_exception import ConfigException
 from preheat.control.spec import EndpointSpec
 from preheat.errors import ConfigError
 from preheat.router.config import RouterConfig, parse_config
+from preheat.router.kvspec import parse_kv_events
 from preheat.router.server import Router, serve
 from preheat.router.state import RoutingState
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
@@ -58,6 +67,7 @@ __all__ = [
     "connect",
     "desired_instances",
     "discovery_version",
+    "kv_event_endpoints",
     "routing_variants",
     "run",
     "slice_endpoints",
@@ -142,6 +152,12 @@ class SliceEndpoint:
 
     url: str
     ready: bool
+    # tcp://ADDRESS:PORT of the slice's kv-events port (and ?replay=... of kv-replay)
+    kv_events: str | None = None
+
+
+KV_EVENTS_PORT = "kv-events"
+KV_REPLAY_PORT = "kv-replay"
 
 
 def slice_endpoints(obj: Mapping[str, Any]) -> list[SliceEndpoint]:
@@ -150,13 +166,35 @@ def slice_endpoints(obj: Mapping[str, Any]) -> list[SliceEndpoint]:
     port = next((p for p in ports if p.get("name") == "http"), ports[0] if ports else None)
     if port is None or port.get("port") is None:
         return []
+    named = {p.get("name"): p.get("port") for p in ports}
+    kv, replay = named.get(KV_EVENTS_PORT), named.get(KV_REPLAY_PORT)
     out = []
     for e in obj.get("endpoints") or ():
         cond = e.get("conditions") or {}
         ready = cond.get("ready") is not False and not cond.get("terminating")
         for addr in e.get("addresses") or ():
             host = f"[{addr}]" if ":" in addr else addr
-            out.append(SliceEndpoint(f"http://{host}:{port['port']}", ready))
+            ev = f"tcp://{host}:{kv}" if kv else None
+            if ev and replay:
+                ev += f"?replay=tcp://{host}:{replay}"
+            out.append(SliceEndpoint(f"http://{host}:{port['port']}", ready, ev))
+    return out
+
+
+def kv_event_endpoints(
+    slices: Iterable[Mapping[str, Any]], services: Mapping[str, str], options: str = ""
+) -> dict[str, str]:
+    """Instance URL -> its kv_events setting (router/kvspec.py) for the addresses of the
+    variants' slices that have a ``kv-events`` port; ``options`` (``hash=...&...``) added."""
+    out: dict[str, str] = {}
+    for s in slices:
+        labels = s.get("metadata", {}).get("labels") or {}
+        if str(labels.get(SERVICE_NAME_LABEL)) not in services:
+            continue
+        for e in slice_endpoints(s):
+            if e.kv_events:
+                sep = "&" if "?" in e.kv_events else "?"
+                out[e.url] = e.kv_events + (sep + options if options else "")
     return out
 
 
@@ -203,8 +241,11 @@ def routing_variants(spec: EndpointSpec, current: Mapping[str, Any]) -> dict[str
 class Discovery:
     """Keeps a router's variants and instances in step with one InferenceEndpoint."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, endpoint: str) -> None:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, endpoint: str, *, kv_events_options: str = ""
+    ) -> None:
         self.api = api
+        self.kv_events_options = kv_events_options.lstrip("?&")
         self.namespace = namespace
         self.endpoint = endpoint
         self.custom = client.CustomObjectsApi(api)
@@ -244,9 +285,25 @@ class Discovery:
         )  # fmt: skip
         raw = routing_variants(self.spec, base.to_dict())
         wanted = desired_instances(self.slices.values(), self._services())
+        kv = self._kv_events()
         for v in raw["variants"]:
-            v["instances"] = [u for u, ready in wanted.get(v["name"], {}).items() if ready]
+            v["instances"] = [
+                {"url": u, "kv_events": kv[u]} if u in kv else u
+                for u, ready in wanted.get(v["name"], {}).items()
+                if ready
+            ]
         return parse_config(raw)
+
+    def _kv_events(self) -> dict[str, str]:
+        """Instance URL -> its canonical kv_events setting; a bad one is logged and left out."""
+        out = {}
+        raw = kv_event_endpoints(self.slices.values(), self._services(), self.kv_events_options)
+        for url, value in raw.items():
+            try:
+                out[url] = parse_kv_events(value, where=f"instance {url}").canonical()
+            except ConfigError as exc:
+                log.warning("KV events of %s not used: %s", url, exc)
+        return out
 
     def _get_endpoint(self) -> dict[str, Any]:
         try:
@@ -460,18 +517,20 @@ class Discovery:
         if state is None or self.spec is None:
             return
         wanted = desired_instances(self.slices.values(), self._services())
+        kv = self._kv_events()
         cfg = state.config
         new = cfg
         for vc in cfg.variants:
             urls = wanted.get(vc.name, {})
             keep = tuple(u for u in vc.instances if u in urls)
             added = tuple(u for u, ready in urls.items() if ready and u not in vc.instances)
-            if keep != vc.instances or added:
+            events = tuple((u, kv[u]) for u in keep + added if u in kv)
+            if keep != vc.instances or added or events != vc.kv_events:
                 for u in added:
                     log.info("instance %s (variant %s): ready, added", u, vc.name)
                 for u in set(vc.instances) - set(keep):
                     log.info("instance %s (variant %s): gone, removed", u, vc.name)
-                new = new.with_variant(replace(vc, instances=keep + added))
+                new = new.with_variant(replace(vc, instances=keep + added, kv_events=events))
         if new is not cfg:
             state.replace_config(parse_config(new.to_dict()))
         for rt in state.variants.values():

@@ -1,0 +1,188 @@
+"""Decision cost with KV events on, tokenizer included: p50/p99 per decision, in process.
+
+64 instances, every one synced with the precise KV index (router/kvprecise.py); after
+each decision the chosen instance "announces" the prompt's blocks (a BlockStored batch,
+outside the timed part), so the index fills as a live one does. A decision is the
+``prefix_aware`` policy's ``choose`` + ``on_sent`` + ``on_done`` with the index consulted
+(render the chat template, tokenize, hash blocks, walk the holders), timed with
+perf_counter_ns. The same stream is also timed for the parts: the uncached path the
+router used before (render + tokenize the whole prompt + hash every block + a loop per
+instance) and the cached path alone (``PromptBlocks.blocks`` + the mask walk).
+
+Bodies: ``--workload rag_chat|code_completion`` (the live benchmarks' streams) or
+``docs`` (router_decision.py's: a Zipf-popular ~``--chars`` document plus a unique
+question). ``--tokenizer PATH`` times a real ``tokenizer.json`` (router/tokenize.py)
+with ``--hash sha256_cbor``.
+
+    .venv/bin/python benchmarks/router_kvdecision.py --workload rag_chat --decisions 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from router_decision import SALT, bodies
+
+from preheat.bench.workloads import WORKLOADS
+from preheat.kvhash import make_scheme
+from preheat.router.kvprecise import PreciseIndex
+from preheat.router.kvprompt import EngineCodec, PromptBlocks
+from preheat.router.policies import Instance, PolicyParams, RouteRequest, make_policy
+from preheat.telemetry.stats import percentile
+
+
+def _old_lookup(pb: PromptBlocks, index: PreciseIndex, body: dict[str, Any], ids: list[str]) -> int:
+    """The router's path before the cache: tokenize all, hash all, loop per instance."""
+    toks = pb.tokens(body) or []
+    salt = body.get("cache_salt")
+    hashes = pb.scheme.hashes(toks, pb.block_size, salt if isinstance(salt, str) else None)
+    best = 0
+    for x in ids:
+        blocks = index.instances[x].blocks
+        n = 0
+        for h in hashes:
+            if h not in blocks:
+                break
+            n += 1
+        best = max(best, n)
+    return best
+
+
+class _Timed:
+    """The index as the policy sees it, timing its lookup and sent calls."""
+
+    def __init__(self, index: PreciseIndex) -> None:
+        self.index = index
+        self.lookup_us: list[float] = []
+        self.sent_us: list[float] = []
+
+    def lookup(self, body: Any, ids: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        out = self.index.lookup(body, ids)
+        self.lookup_us.append((time.perf_counter_ns() - t0) / 1000)
+        return out
+
+    def sent(self, instance_id: str, lookup: Any) -> None:
+        t0 = time.perf_counter_ns()
+        self.index.sent(instance_id, lookup)
+        self.sent_us.append((time.perf_counter_ns() - t0) / 1000)
+
+
+def _row(name: str, xs: list[float]) -> str:
+    xs = sorted(xs)
+    return (
+        f"{name:<52} p50 {percentile(xs, 50):8.1f}  p90 {percentile(xs, 90):8.1f}  "
+        f"p99 {percentile(xs, 99):8.1f}  max {xs[-1]:8.0f} us"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="rag_chat", choices=[*sorted(WORKLOADS), "docs"])
+    ap.add_argument("--decisions", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=1000, help="decisions before timing")
+    ap.add_argument("--instances", type=int, default=64)
+    ap.add_argument("--chars", type=int, default=8000, help="docs: prompt characters")
+    ap.add_argument("--tokenizer", type=Path, help="a tokenizer.json (default: the engine's)")
+    ap.add_argument("--hash", default="builtin")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
+    n = args.decisions + args.warmup
+    if args.workload == "docs":
+        stream = bodies(n, args.chars, 200, args.seed)
+    else:
+        stream = [w.body for w in WORKLOADS[args.workload](n, seed=args.seed)]
+    if args.tokenizer is not None:
+        from preheat.router.tokenize import load_codec
+
+        codec: Any = load_codec(args.tokenizer)
+    else:
+        codec = EngineCodec()
+    scheme = make_scheme(args.hash, 0 if args.hash != "builtin" else None)
+    fleet = [Instance(f"http://10.0.{i // 250}.{i % 250}:8000") for i in range(args.instances)]
+    ids = [i.id for i in fleet]
+    index = PreciseIndex()
+    pb = PromptBlocks(codec, scheme)
+    seqs = {}
+    for x in ids:
+        index.add(x, pb)
+        index.apply(x, 0, [["AllBlocksCleared"]])
+        seqs[x] = 1
+    policy = make_policy("prefix_aware", PolicyParams(), salt=SALT, rng=random.Random(args.seed))
+    for x in ids:
+        policy.set_capacity(x, 9600)
+    policy.precise = _Timed(index)  # type: ignore[attr-defined]
+    # The same policy without the precise index: what the decision costs with events off.
+    plain = make_policy("prefix_aware", PolicyParams(), salt=SALT, rng=random.Random(args.seed))
+    for x in ids:
+        plain.set_capacity(x, 9600)
+    rng = random.Random(args.seed)
+    gc.collect()
+    gc.freeze()
+    t_dec: list[float] = []
+    t_old: list[float] = []
+    t_new: list[float] = []
+    t_off: list[float] = []
+    for k, body in enumerate(stream):
+        req = RouteRequest(f"r{k}", body=body)
+        for inst in fleet:
+            inst.in_flight = rng.randrange(6)
+        timed = k >= args.warmup
+        if timed:
+            fresh = PromptBlocks(codec, scheme)  # the old path had no cache
+            t0 = time.perf_counter_ns()
+            _old_lookup(fresh, index, body, ids)
+            t_old.append((time.perf_counter_ns() - t0) / 1000)
+        t0 = time.perf_counter_ns()
+        c = policy.choose(req, fleet)
+        policy.on_sent(req, c)
+        policy.on_done(req, c, ok=True, cached_tokens=None)
+        dt = (time.perf_counter_ns() - t0) / 1000
+        t0 = time.perf_counter_ns()
+        c2 = plain.choose(req, fleet)
+        plain.on_sent(req, c2)
+        plain.on_done(req, c2, ok=True, cached_tokens=None)
+        if timed:
+            t_off.append((time.perf_counter_ns() - t0) / 1000)
+            t_dec.append(dt)
+            t0 = time.perf_counter_ns()
+            index.lookup(body, ids)
+            t_new.append((time.perf_counter_ns() - t0) / 1000)
+        # The chosen engine stores the prompt's blocks and announces them.
+        got = pb.blocks(body)
+        if got is not None:
+            x = c.instance.id
+            index.apply(x, seqs[x], [["BlockStored", got[0], None, [], 16, None, "GPU"]])
+            seqs[x] += 1
+    print(
+        f"{args.decisions} decisions, {args.instances} instances, {args.workload}, "
+        f"tokenizer {codec.name}, hash {scheme.name}; chunk cache hits {pb.hits}, "
+        f"misses {pb.misses}"
+    )
+    print(_row("decision (choose+on_sent+on_done, events on)", t_dec))
+    print(_row("decision, events off (learned index only)", t_off))
+    timed_ix = policy.precise  # type: ignore[attr-defined]
+    print(
+        _row(
+            "  part: its index lookup (first sight of the prompt)",
+            timed_ix.lookup_us[args.warmup :],
+        )
+    )
+    print(_row("  part: its index sent (pending blocks)", timed_ix.sent_us[args.warmup :]))
+    print(_row("  part: index lookup again (every chunk cached)", t_new))
+    print(_row("  part: the old uncached lookup (tokenize all)", t_old))
+    p99 = percentile(sorted(t_dec), 99)
+    print(f"decision p99 {p99:.1f} us: {'meets' if p99 <= 50 else 'misses'} the 50 us target")
+
+
+if __name__ == "__main__":
+    main()
