@@ -15,7 +15,6 @@ from preheat.errors import ConfigError
 from preheat.kvcache import block_hashes
 from preheat.router.policies import PolicyParams
 from preheat.sim import prompts
-from preheat.sim.events import EventQueue
 from preheat.sim.prompts import PromptBuilder
 from preheat.sim.routing import RoutingConfig, SimItem, simulate_routing
 from preheat.timing import get_profile
@@ -35,18 +34,6 @@ def _run(items: list[SimItem], seed: int = 0, **kw: object) -> dict[str, object]
         items, cfg, policy_rng=random.Random(seed), arrival_rng=random.Random(seed + 1)
     )
     return res.summary()
-
-
-def test_event_queue_orders_by_time_then_fifo() -> None:
-    """Events pop by time, equal times in scheduling order, and time never runs backwards."""
-    q = EventQueue()
-    q.at(2.0, "b")
-    q.at(1.0, "a")
-    q.at(2.0, "c")
-    assert [q.pop()[1] for _ in range(3)] == ["a", "b", "c"]
-    assert q.now == 2.0
-    with pytest.raises(ValueError, match="before now"):
-        q.at(1.5, "late")
 
 
 def test_prompts_match_the_engine_tokens_and_hashes() -> None:

@@ -1,6 +1,7 @@
 """Cold-start simulation: a fleet with local NVMe, an autoscaler, churn, on virtual time.
 
-Pure: virtual time (``Agenda``), randomness from the ``random.Random`` passed in, and
+Pure: virtual time (the shared ``sim.events.EventQueue``), randomness from the
+``random.Random`` passed in, and
 the live policy code for every decision: ``control.autoscale`` sets each model's
 replica count from its in-flight demand; ``control.plan`` (and through it
 ``control.placement`` and ``control.rollout``) decides warm-ups, gates, starts, drains;
@@ -41,7 +42,7 @@ from preheat.control.placement import place
 from preheat.control.plan import plan
 from preheat.control.state import Desired, DesiredVariant, Observed, WeightsPolicy
 from preheat.errors import ConfigError
-from preheat.sim.coldstart_clock import Agenda
+from preheat.sim.events import EventQueue
 from preheat.sim.coldstart_config import CACHE_POLICIES, Catalog
 from preheat.sim.coldstart_flows import Network
 from preheat.sim.coldstart_result import ColdStartResult, summarize
@@ -95,7 +96,7 @@ class _Sim:
     def __init__(self, setup: ColdStartSetup, rng: random.Random) -> None:
         self.s = setup
         self.rng = rng
-        self.agenda = Agenda()
+        self.agenda = EventQueue()
         self.net = Network(
             origin_bandwidth=setup.origin_bandwidth, node_bandwidth=setup.node_bandwidth
         )
