@@ -42,12 +42,12 @@ from preheat.control.placement import place
 from preheat.control.plan import plan
 from preheat.control.state import Desired, DesiredVariant, Observed, WeightsPolicy
 from preheat.errors import ConfigError
-from preheat.sim.events import EventQueue
 from preheat.sim.coldstart_config import CACHE_POLICIES, Catalog
 from preheat.sim.coldstart_flows import Network
 from preheat.sim.coldstart_result import ColdStartResult, summarize
 from preheat.sim.coldstart_store import NodeDisk
 from preheat.sim.coldstart_world import ModelState, World
+from preheat.sim.events import EventQueue
 from preheat.sim.traffic import Traffic
 
 if TYPE_CHECKING:

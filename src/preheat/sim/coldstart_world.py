@@ -47,10 +47,10 @@ from preheat.control.state import (
     WaitGate,
     Warm,
 )
-from preheat.sim.events import EventQueue
 from preheat.sim.coldstart_config import Catalog, ModelSpec
 from preheat.sim.coldstart_flows import ORIGIN, Network
 from preheat.sim.coldstart_store import Eviction, NodeDisk, Refusal
+from preheat.sim.events import EventQueue
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
 from preheat.telemetry.records import EventClass, StartRecord
 from preheat.timing import get_profile
