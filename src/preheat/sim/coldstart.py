@@ -308,7 +308,7 @@ class _Sim:
             self.net.advance(now)
             if ev.kind == "end":
                 break
-            self._handle(ev.kind, ev.payload)
+            self._handle(str(ev.kind), ev.payload)
             if self.agenda.peek_time() != now:
                 self._reconcile()
         return summarize(
