@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from preheat.control.autoscale import AutoscaleState, autoscale
+from preheat.control.fanout import Budget
 from preheat.control.placement import place
 from preheat.control.plan import plan
 from preheat.control.state import Desired, DesiredVariant, Observed, WeightsPolicy
@@ -75,6 +76,9 @@ class ColdStartSetup:
     slots: int = 1
     seed: int = 0
     high_watermark: float = 0.9
+    #: Origin warm-ups at once over the fleet (``control.fanout.Budget``), passed to
+    #: ``control.plan``; ``None``: every warm-up at once (as local and Kubernetes mode).
+    warm_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in CACHE_POLICIES:
@@ -88,6 +92,8 @@ class ColdStartSetup:
                 "--peers on needs node stores to serve from; --cache-policy none keeps none "
                 "(choose another policy or --peers off)"
             )
+        if self.warm_budget is not None and self.warm_budget < 1:
+            raise ConfigError(f"--warm-budget {self.warm_budget} must be at least 1 warm-up")
         if self.nvme <= 0 and self.policy != "none":
             raise ConfigError(f"--nvme {self.nvme} must be above zero, e.g. 3.5TB")
 
@@ -95,6 +101,7 @@ class ColdStartSetup:
 class _Sim:
     def __init__(self, setup: ColdStartSetup, rng: random.Random) -> None:
         self.s = setup
+        self.budget = None if setup.warm_budget is None else Budget(setup.warm_budget)
         self.rng = rng
         self.agenda = EventQueue()
         self.net = Network(
@@ -266,7 +273,7 @@ class _Sim:
             replicas=self.w.replica_views(),
             variants=((name, ms.status),),
         )
-        for action in plan(desired, observed):
+        for action in plan(desired, observed, budget=self.budget):
             self.w.execute(action)
 
     def _reconcile(self) -> None:
