@@ -126,8 +126,14 @@ class KVCache:
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._by_hash: dict[int, int] = {}
-        # Unreferenced blocks, least recently freed first (front is evicted first).
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        # Unreferenced blocks, in the order allocation takes them (vLLM's free queue):
+        # emptied blocks, most recently freed first; then blocks never used, in id order;
+        # then blocks that still hold a cached prefix (or held one before ``reset``), least
+        # recently freed first. Three parts instead of one queue of every block, so a pool
+        # of a million blocks costs nothing until it is used and ``free`` is cheap.
+        self._empty: list[int] = []
+        self._fresh = 0  # blocks ``_fresh`` .. ``num_blocks - 1`` were never used
+        self._cached: OrderedDict[int, None] = OrderedDict()
         # seq id -> its block ids in order, and how many of them are registered as cached.
         self._seqs: dict[Hashable, list[int]] = {}
         self._committed: dict[Hashable, int] = {}
@@ -173,11 +179,11 @@ class KVCache:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._empty) + self.num_blocks - self._fresh + len(self._cached)
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.free_blocks / self.num_blocks
 
     def seq_blocks(self, seq_id: Hashable) -> int:
         """Blocks currently held by a sequence (0 if unknown)."""
@@ -190,7 +196,7 @@ class KVCache:
         return KVCacheStats(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
-            free_blocks=len(self._free),
+            free_blocks=self.free_blocks,
             cached_blocks=len(self._by_hash),
             queries=self.queries,
             hits=self.hits,
@@ -202,7 +208,7 @@ class KVCache:
     ) -> bool:
         """Whether :meth:`allocate_prompt` would succeed now."""
         hit = self.match(hashes, num_prompt_tokens)
-        return self._blocks_needed_new(hashes, hit, num_tokens) <= len(self._free)
+        return self._blocks_needed_new(hashes, hit, num_tokens) <= self.free_blocks
 
     # --- mutations ----------------------------------------------------------------------
 
@@ -224,18 +230,24 @@ class KVCache:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; free it first")
         hit = self.match(hashes, num_prompt_tokens)
         num_tokens = max(num_tokens, hit * self.block_size)
-        if self._blocks_needed_new(hashes, hit, num_tokens) > len(self._free):
+        blocks = list(map(self._by_hash.__getitem__, hashes[:hit]))
+        ref = self._ref
+        evictable = list(map(ref.__getitem__, blocks)).count(0)
+        new = self.blocks_for(num_tokens) - hit
+        if new + evictable > self.free_blocks:
             return None
-        blocks: list[int] = []
-        for h in hashes[:hit]:
-            b = self._by_hash[h]
-            if self._ref[b] == 0:
-                del self._free[b]
-            self._ref[b] += 1
-            blocks.append(b)
+        if evictable:
+            cached = self._cached
+            for b in blocks:
+                if ref[b] == 0:
+                    del cached[b]
+                ref[b] += 1
+        else:
+            for b in blocks:
+                ref[b] += 1
         self._seqs[seq_id] = blocks
         self._committed[seq_id] = hit
-        self._take(blocks, self.blocks_for(num_tokens) - hit)
+        self._take(blocks, new)
         self.queries += num_prompt_tokens
         self.hits += hit * self.block_size
         return hit * self.block_size
@@ -246,7 +258,7 @@ class KVCache:
         need = self.blocks_for(num_tokens) - len(blocks)
         if need <= 0:
             return True
-        if need > len(self._free):
+        if need > self.free_blocks:
             return False
         self._take(blocks, need)
         return True
@@ -260,17 +272,23 @@ class KVCache:
         """
         if not self.enable_prefix_caching:
             return
-        blocks = self._seqs[seq_id]
         done = self._committed[seq_id]
-        upto = min(num_computed_tokens // self.block_size, len(hashes), len(blocks))
+        upto = num_computed_tokens // self.block_size
+        if upto <= done:
+            return  # no new full block (a decode step inside a block)
+        blocks = self._seqs[seq_id]
+        upto = min(upto, len(hashes), len(blocks))
+        by_hash = self._by_hash
+        hashed = self._hash
+        events = self.events
         for i in range(done, upto):
             h = hashes[i]
             b = blocks[i]
-            if h not in self._by_hash and self._hash[b] is None:
-                self._by_hash[h] = b
-                self._hash[b] = h
-                if self.events is not None:
-                    self.events.append(("stored", seq_id, i, h, hashes[i - 1] if i else None))
+            if h not in by_hash and hashed[b] is None:
+                by_hash[h] = b
+                hashed[b] = h
+                if events is not None:
+                    events.append(("stored", seq_id, i, h, hashes[i - 1] if i else None))
         if upto > done:
             self._committed[seq_id] = upto
 
@@ -284,20 +302,23 @@ class KVCache:
         self._committed.pop(seq_id, None)
         if blocks is None:
             return 0
+        ref = self._ref
+        hashed = self._hash
+        cached = self._cached
+        empty = self._empty
         for b in reversed(blocks):
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if self._hash[b] is None:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashed[b] is None:
                     # Empty blocks go to the front: reuse them before evicting cached ones.
-                    self._free[b] = None
-                    self._free.move_to_end(b, last=False)
+                    empty.append(b)
                 else:
-                    self._free[b] = None
+                    cached[b] = None
         return len(blocks)
 
     def reset(self) -> None:
         """Drop every cached prefix that no running sequence holds (vLLM ``reset_prefix_cache``)."""
-        for b in list(self._free):
+        for b in self._cached:
             h = self._hash[b]
             if h is not None:
                 del self._by_hash[h]
@@ -312,14 +333,34 @@ class KVCache:
     def _blocks_needed_new(self, hashes: Sequence[int], hit: int, num_tokens: int) -> int:
         # Hit blocks that are currently free leave the free queue when pinned, so they count
         # against the free blocks exactly like new ones (vLLM: num_evictable_computed_blocks).
-        evictable_hits = sum(1 for h in hashes[:hit] if self._ref[self._by_hash[h]] == 0)
+        held = map(self._by_hash.__getitem__, hashes[:hit])
+        evictable_hits = list(map(self._ref.__getitem__, held)).count(0)
         new = max(0, self.blocks_for(max(num_tokens, hit * self.block_size)) - hit)
         return new + evictable_hits
 
     def _take(self, blocks: list[int], n: int) -> None:
-        free = self._free
+        # The caller checked ``n <= free_blocks``; take them in the free queue's order.
+        ref = self._ref
+        empty = self._empty
+        k = min(n, len(empty))
+        if k:
+            taken = empty[-k:]
+            del empty[-k:]
+            taken.reverse()
+            for b in taken:
+                ref[b] = 1
+            blocks.extend(taken)
+            n -= k
+        k = min(n, self.num_blocks - self._fresh)
+        if k:
+            start = self._fresh
+            self._fresh = start + k
+            ref[start : start + k] = [1] * k
+            blocks.extend(range(start, start + k))
+            n -= k
+        cached = self._cached
         for _ in range(n):
-            b, _none = free.popitem(last=False)
+            b, _none = cached.popitem(last=False)
             h = self._hash[b]
             if h is not None:
                 del self._by_hash[h]

@@ -205,3 +205,32 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="already holds blocks"):
         kv.allocate_prompt("a", [], 1, 1)
     assert kv.free("unknown") == 0
+
+
+def test_free_queue_order_is_empty_then_unused_then_cached_lru() -> None:
+    """Allocation takes freed empty blocks (newest first), then never-used ones, then
+    evicts cached blocks least recently freed first, each tail block before its head."""
+    kv = KVCache(8, block_size=2)
+    a = [1, 2, 3, 4]
+    ha = kv.hashes(a)
+    assert kv.allocate_prompt("a", ha, 4, 4) == 0
+    kv.commit("a", ha, 4)
+    assert kv.allocate_prompt("b", kv.hashes([5, 6, 7]), 3, 3) == 0  # never committed
+    assert kv.free_blocks == 4
+    kv.free("b")
+    kv.free("a")
+    assert kv.free_blocks == 8
+    c = list(range(100, 116))
+    assert kv.allocate_prompt("c", kv.hashes(c), 16, 16) == 0
+    assert kv._seqs["c"] == [2, 3, 4, 5, 6, 7, 1, 0]
+    assert kv.evictions == 2 and kv.stats().cached_blocks == 0
+
+
+def test_a_large_pool_is_lazy_and_exact() -> None:
+    """A pool of two million blocks starts with every block free and hands out ids 0, 1,
+    2 ... in order, without listing them first."""
+    kv = KVCache(2_000_000)
+    assert kv.free_blocks == 2_000_000 and kv.usage == 0.0
+    toks = list(range(1000, 1000 + 48))
+    assert kv.allocate_prompt("s", kv.hashes(toks), 48, 48) == 0
+    assert kv._seqs["s"] == [0, 1, 2] and kv.free_blocks == 2_000_000 - 3

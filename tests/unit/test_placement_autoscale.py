@@ -49,11 +49,26 @@ def test_scale_in_one_at_a_time_after_sustained_low_load() -> None:
     assert n == 1  # min
 
 
-def test_no_scale_in_while_replicas_are_still_starting() -> None:
-    """Fewer serving than desired (starts in progress) never triggers a scale-in."""
+def test_scale_in_when_demand_drops_while_a_replica_is_still_starting() -> None:
+    """Demand gone while one of 3 replicas never came up: the count still steps in
+    (the old rule waited for every replica to serve, so a stuck start pinned it)."""
     st = AutoscaleState(low_since=0)
-    n, _, _ = step(3, 0, 2, 50, st)
-    assert n == 3
+    n, st, why = step(3, 0, 2, 50, st)
+    assert n == 2 and "3 -> 2" in why
+    n, _, _ = step(2, 0, 1, 100, AutoscaleState(low_since=0))
+    assert n == 1  # min
+
+
+def test_scale_in_while_starting_never_goes_below_the_demand() -> None:
+    """3 asked for, 1 serving, 0.5 in flight (target 4, low below 1): one replica is
+    enough, so it steps in to 2 and then 1, never to 0 with a request in flight."""
+    lo0 = dict(lo=0, hi=5, serving=1, policy=POLICY)
+    n, _, _ = autoscale(current=3, in_flight=0.5, now=50, state=AutoscaleState(low_since=0), **lo0)  # type: ignore[arg-type]
+    assert n == 2
+    n, _, _ = autoscale(
+        current=1, in_flight=0.5, now=50, state=AutoscaleState(low_since=0), **{**lo0, "serving": 0}
+    )  # type: ignore[arg-type]
+    assert n == 1
 
 
 def test_replicas_still_starting_count_toward_a_scale_out() -> None:

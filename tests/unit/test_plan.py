@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from preheat.control.fanout import Budget
 from preheat.control.plan import plan
 from preheat.control.state import (
     AddRoute,
@@ -169,3 +170,33 @@ def test_unused_revision_deleted_stable_and_used_kept() -> None:
     )
     acts = plan(desired(replicas=1), obs)
     assert of(acts, DeleteRevision) == [DeleteRevision("a", old), DeleteRevision("b", old)]
+
+
+def test_warm_ups_are_staggered_under_an_origin_budget() -> None:
+    """With an origin budget, plan asks only as many origin warm-ups as it allows (a node
+    already warming holds a slot); once a node holds the revision the rest warm from it."""
+    cold = tuple(node(n) for n in "abcd")
+    assert len(of(plan(desired(), Observed(now=0, nodes=cold)), Warm)) == 4  # no budget
+    two = Budget(concurrent_fills=2)
+    assert [w.node for w in of(plan(desired(), Observed(now=0, nodes=cold), budget=two), Warm)] == [
+        "a",
+        "b",
+    ]
+    one_warming = (node("a", (R1, "warming")), *cold[1:])
+    warms = of(plan(desired(), Observed(now=0, nodes=one_warming), budget=two), Warm)
+    assert [w.node for w in warms] == ["b"]
+    seeded = (node("a", (R1, "ready")), *cold[1:])
+    warms = of(plan(desired(), Observed(now=0, nodes=seeded), budget=Budget(1)), Warm)
+    assert [w.node for w in warms] == ["b", "c", "d"]  # from the peer, no origin slot
+
+
+def test_unfit_is_re_evaluated_once_its_retry_time_has_come() -> None:
+    """An ``unfit`` view with a re-check time (space freed on the node) is warmed again
+    then; one without (``retry_at`` 0: nothing changed) stays left out."""
+    stuck = (node("a", (R1, "ready")), NodeView("small", cache=((R1, CacheView("unfit")),)))
+    assert of(plan(desired(replicas=1), Observed(now=100, nodes=stuck)), Warm) == []
+    freed = NodeView("small", cache=((R1, CacheView("unfit", reason="why", retry_at=50.0)),))
+    obs = Observed(now=40, nodes=(stuck[0], freed))
+    assert of(plan(desired(replicas=1), obs), Warm) == []
+    obs = Observed(now=50, nodes=(stuck[0], freed))
+    assert [w.node for w in of(plan(desired(replicas=1), obs), Warm)] == ["small"]

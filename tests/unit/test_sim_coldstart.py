@@ -191,3 +191,18 @@ def test_cli_json_has_the_documented_keys(tmp_path: Path) -> None:
         assert row["p50_s"] <= row["p95_s"] <= row["p99_s"]
     bad = CliRunner().invoke(main, [*args[:-1], "--origin-bandwidth", "lots"])
     assert bad.exit_code == 2 and "is not a bandwidth" in bad.output
+
+
+def test_warm_budget_staggers_warm_ups_through_the_live_planner() -> None:
+    """warm-all on 12 nodes with peers: without a budget every node pulls every model
+    from the origin at once; with ``warm_budget=1`` control.plan lets one seed per model
+    pull, and the other nodes warm from it afterwards."""
+    allat = run(policy="warm-all", peers=True, nvme="2TB", duration="6h").summary
+    staged = run(policy="warm-all", peers=True, nvme="2TB", duration="6h", warm_budget=1)
+    s = staged.summary
+    one_copy = 300e9 + 120e9 + 40e9 + 15e9
+    assert allat["origin_bytes"] > 6 * one_copy
+    assert s["origin_bytes"] <= one_copy  # at most one origin copy of each model
+    assert s["peer_bytes"] > 9 * one_copy
+    with pytest.raises(ConfigError, match="--warm-budget 0"):
+        run(warm_budget=0)

@@ -15,7 +15,6 @@ from preheat.errors import ConfigError
 from preheat.kvcache import block_hashes
 from preheat.router.policies import PolicyParams
 from preheat.sim import prompts
-from preheat.sim.events import EventQueue
 from preheat.sim.prompts import PromptBuilder
 from preheat.sim.routing import RoutingConfig, SimItem, simulate_routing
 from preheat.timing import get_profile
@@ -35,18 +34,6 @@ def _run(items: list[SimItem], seed: int = 0, **kw: object) -> dict[str, object]
         items, cfg, policy_rng=random.Random(seed), arrival_rng=random.Random(seed + 1)
     )
     return res.summary()
-
-
-def test_event_queue_orders_by_time_then_fifo() -> None:
-    """Events pop by time, equal times in scheduling order, and time never runs backwards."""
-    q = EventQueue()
-    q.at(2.0, "b")
-    q.at(1.0, "a")
-    q.at(2.0, "c")
-    assert [q.pop()[1] for _ in range(3)] == ["a", "b", "c"]
-    assert q.now == 2.0
-    with pytest.raises(ValueError, match="before now"):
-        q.at(1.5, "late")
 
 
 def test_prompts_match_the_engine_tokens_and_hashes() -> None:
@@ -162,3 +149,24 @@ def test_config_errors_name_the_fix() -> None:
         _run(_items("unique", 3))
     with pytest.raises(ConfigError, match="unknown"):
         _run(_items("unique", 3), policy="nope", concurrency=1)
+
+
+def test_a_seeded_run_gives_the_figures_it_gave_before_the_speedups() -> None:
+    """A seeded run under KV pressure (preemptions, evictions) reproduces the figures the
+    code gave before the KV free list, tokenizer and scheduler were made faster."""
+    s = _run(_items("rag", 400), kv_blocks=300, concurrency=16)
+    assert (s["preemptions"], s["steps"], s["events"]) == (90, 5327, 5327)
+    assert s["decisions"] == {"affinity": 396, "fallback": 1, "spill": 3}
+    assert s["kv_hit_rate"] == pytest.approx(0.32381671802007755, rel=1e-12)
+    assert s["ttft_p50_ms"] == pytest.approx(63.84698511999864, rel=1e-9)
+    assert s["ttft_p99_ms"] == pytest.approx(139.34905587839978, rel=1e-9)
+    assert s["virtual_s"] == pytest.approx(2.8879562622200026, rel=1e-9)
+
+
+def test_thousands_of_refused_requests_do_not_recurse() -> None:
+    """Every request refused (each releasing its client at once) is counted, no crash."""
+    big = [SimItem(f"r{i}", "/v1/completions", {"prompt": [7] * 200, "max_tokens": 4})
+           for i in range(1200)]  # fmt: skip
+    s = _run(big, concurrency=2, kv_blocks=10)
+    assert s["errors"] == 1200 and s["requests"] == 1200
+    assert sum(s["decisions"].values()) == 1200  # type: ignore[attr-defined]

@@ -57,6 +57,13 @@ from preheat.sim.traffic import PATTERNS
     help="on: a node that holds a revision serves it to others instead of the origin.",
 )
 @click.option("--slots", type=int, default=1, show_default=True, help="Replicas per node.")
+@click.option(
+    "--warm-budget",
+    type=click.IntRange(1),
+    default=None,
+    help="Origin warm-ups at once over the fleet (control.plan's budget); the others wait "
+    "for a node to hold the model and warm from it. Default: every warm-up at once.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
 @click.option(
     "--duration",
@@ -75,6 +82,7 @@ def coldstart(
     node_bandwidth: str,
     peers: str,
     slots: int,
+    warm_budget: int | None,
     seed: int,
     duration: str | None,
     as_json: bool,
@@ -103,6 +111,7 @@ def coldstart(
             node_bandwidth=node_bandwidth,
             peers=peers == "on",
             slots=slots,
+            warm_budget=warm_budget,
             seed=seed,
             duration=duration,
         )

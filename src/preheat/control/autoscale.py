@@ -13,7 +13,10 @@ Rule (``autoscaling: {targetInFlight: T, scaleInBelow: B, cooldownSeconds: C}``)
   ``max(1, ceil(in_flight / T))``.
 - Scale in when load < B has held for C seconds: one replica at a time, never below
   ``replicas.min``. One replica at a time because a scale-in that overshoots costs a cold
-  start later, while an extra replica only costs idle capacity.
+  start later, while an extra replica only costs idle capacity. Replicas still starting
+  (``serving < current``) do not block it (a start that never finishes would pin the
+  count after demand dropped); then it only never goes below ``ceil(in_flight / T)``,
+  so requests in flight keep a replica coming.
 - After any change, wait C seconds before the next one (new replicas need time to take
   load; without this the count oscillates).
 """
@@ -73,7 +76,7 @@ def autoscale(
         low_since is not None
         and now - low_since >= policy.cooldown_seconds
         and current > lo
-        and serving >= current
+        and (serving >= current or current - 1 >= need)
     ):
         return (
             current - 1,

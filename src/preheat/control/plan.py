@@ -13,7 +13,12 @@ runs them in it):
 3. **Warm.** When ``modelCacheConfig.weights`` is enabled, every up *target* node gets a
    ``Warm`` for each variant's effective revision it does not hold yet; a failed warm-up
    (origin unreachable) is retried once its ``retry_at`` has passed; a node that cannot
-   hold the model (``unfit``) is left out and reported.
+   hold the model (``unfit``) is left out and reported, and re-evaluated (warmed again)
+   once its ``retry_at`` has passed when the reporter set one (space freed on the node;
+   ``0``: nothing changed). With an origin ``budget`` the warm-ups are staggered by
+   ``control.fanout.plan_fanout``: at most ``concurrent_fills`` from the origin at once
+   (default one per revision), the rest wait for a node to hold the revision and then
+   warm from it.
 4. **Gate.** Replicas of a revision are not created until ``minReady`` target nodes hold
    it (default: every target node that can hold it). The gate opens once per revision
    and stays open (a later node loss does not stop scaling). After
@@ -26,6 +31,7 @@ runs them in it):
 
 from __future__ import annotations
 
+from preheat.control.fanout import Budget, Mode, WarmRequest, plan_fanout
 from preheat.control.revocation import substitute
 from preheat.control.rollout import effective_version, rollback_needed, step_variant
 from preheat.control.state import (
@@ -68,8 +74,43 @@ def gate(
     return WaitGate(variant, revision, ready, needed, waiting_on)
 
 
-def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
-    """Everything to do now to move ``observed`` towards ``desired`` (see module doc)."""
+def _warms(observed: Observed, effective: dict[str, str], budget: Budget | None) -> list[Warm]:
+    """Step 3: a ``Warm`` per (target node, wanted revision) that needs one, by node
+    order; with a ``budget``, only those ``control.fanout.plan_fanout`` lets start now."""
+    wanted = dict.fromkeys(effective.values())
+    now = observed.now
+    todo: list[Warm] = []
+    for node in observed.nodes:
+        if not (node.up and node.target):
+            continue
+        for rev in wanted:
+            c = node.cache_of(rev)
+            if (
+                c.state == "absent"
+                or (c.state == "failed" and now >= c.retry_at)
+                or (c.state == "unfit" and 0.0 < c.retry_at <= now)
+            ):
+                variant = next(v for v, e in effective.items() if e == rev)
+                todo.append(Warm(node.name, rev, variant))
+    if budget is None or not todo:
+        return todo
+    # Revision granularity: a node that holds a revision ready is its complete holder,
+    # a node warming one holds an origin slot (the conservative reading).
+    up = [n for n in observed.nodes if n.up]
+    complete = {n.name: frozenset(r for r, c in n.cache if c.state == "ready") for n in up}
+    running = [(n.name, r) for n in up for r, c in n.cache if c.state == "warming"]
+    requests = [WarmRequest(w.node, w.revision, frozenset({w.revision})) for w in todo]
+    modes = plan_fanout(requests, complete, running, budget)
+    return [w for w in todo if modes[(w.node, w.revision)] is not Mode.WAIT]
+
+
+def plan(
+    desired: Desired, observed: Observed, *, budget: Budget | None = None
+) -> tuple[Action, ...]:
+    """Everything to do now to move ``observed`` towards ``desired`` (see module doc).
+
+    ``budget``: the cluster's origin budget for warm-ups (``control.fanout.Budget``);
+    ``None`` asks every warm-up at once."""
     sub = substitute(desired, observed)
     desired, observed = sub.desired, sub.observed
     revoked = observed.revoked
@@ -100,17 +141,10 @@ def plan(desired: Desired, observed: Observed) -> tuple[Action, ...]:
         statuses[dv.name] = st
         effective[dv.name] = revision_of(effective_version(dv.version, st))
 
-    # 3. Warm every target node for every wanted revision.
+    # 3. Warm every target node for every wanted revision (under the origin budget).
     if desired.weights.enabled:
-        wanted = dict.fromkeys(r for r in effective.values() if r not in revoked)
-        for node in observed.nodes:
-            if not (node.up and node.target):
-                continue
-            for rev in wanted:
-                c = node.cache_of(rev)
-                if c.state == "absent" or (c.state == "failed" and observed.now >= c.retry_at):
-                    variant = next(v for v, e in effective.items() if e == rev)
-                    out.append(Warm(node.name, rev, variant))
+        live = {v: r for v, r in effective.items() if r not in revoked}
+        out.extend(_warms(observed, live, budget))
 
     # 4 + 5. Gate, then replica steps per variant.
     planned: dict[str, int] = {}

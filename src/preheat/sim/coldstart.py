@@ -1,6 +1,7 @@
 """Cold-start simulation: a fleet with local NVMe, an autoscaler, churn, on virtual time.
 
-Pure: virtual time (``Agenda``), randomness from the ``random.Random`` passed in, and
+Pure: virtual time (the shared ``sim.events.EventQueue``), randomness from the
+``random.Random`` passed in, and
 the live policy code for every decision: ``control.autoscale`` sets each model's
 replica count from its in-flight demand; ``control.plan`` (and through it
 ``control.placement`` and ``control.rollout``) decides warm-ups, gates, starts, drains;
@@ -37,16 +38,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from preheat.control.autoscale import AutoscaleState, autoscale
+from preheat.control.fanout import Budget
 from preheat.control.placement import place
 from preheat.control.plan import plan
 from preheat.control.state import Desired, DesiredVariant, Observed, WeightsPolicy
 from preheat.errors import ConfigError
-from preheat.sim.coldstart_clock import Agenda
 from preheat.sim.coldstart_config import CACHE_POLICIES, Catalog
 from preheat.sim.coldstart_flows import Network
 from preheat.sim.coldstart_result import ColdStartResult, summarize
 from preheat.sim.coldstart_store import NodeDisk
 from preheat.sim.coldstart_world import ModelState, World
+from preheat.sim.events import EventQueue
 from preheat.sim.traffic import Traffic
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ class ColdStartSetup:
     slots: int = 1
     seed: int = 0
     high_watermark: float = 0.9
+    #: Origin warm-ups at once over the fleet (``control.fanout.Budget``), passed to
+    #: ``control.plan``; ``None``: every warm-up at once (as local and Kubernetes mode).
+    warm_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in CACHE_POLICIES:
@@ -87,6 +92,8 @@ class ColdStartSetup:
                 "--peers on needs node stores to serve from; --cache-policy none keeps none "
                 "(choose another policy or --peers off)"
             )
+        if self.warm_budget is not None and self.warm_budget < 1:
+            raise ConfigError(f"--warm-budget {self.warm_budget} must be at least 1 warm-up")
         if self.nvme <= 0 and self.policy != "none":
             raise ConfigError(f"--nvme {self.nvme} must be above zero, e.g. 3.5TB")
 
@@ -94,8 +101,9 @@ class ColdStartSetup:
 class _Sim:
     def __init__(self, setup: ColdStartSetup, rng: random.Random) -> None:
         self.s = setup
+        self.budget = None if setup.warm_budget is None else Budget(setup.warm_budget)
         self.rng = rng
-        self.agenda = Agenda()
+        self.agenda = EventQueue()
         self.net = Network(
             origin_bandwidth=setup.origin_bandwidth, node_bandwidth=setup.node_bandwidth
         )
@@ -265,7 +273,7 @@ class _Sim:
             replicas=self.w.replica_views(),
             variants=((name, ms.status),),
         )
-        for action in plan(desired, observed):
+        for action in plan(desired, observed, budget=self.budget):
             self.w.execute(action)
 
     def _reconcile(self) -> None:
@@ -307,7 +315,7 @@ class _Sim:
             self.net.advance(now)
             if ev.kind == "end":
                 break
-            self._handle(ev.kind, ev.payload)
+            self._handle(str(ev.kind), ev.payload)
             if self.agenda.peek_time() != now:
                 self._reconcile()
         return summarize(

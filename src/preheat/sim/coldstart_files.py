@@ -78,6 +78,7 @@ def prepare(
     slots: int = 1,
     seed: int = 0,
     duration: str | float | None = None,
+    warm_budget: int | None = None,
 ) -> tuple[ColdStartSetup, random.Random]:
     """A ready-to-run setup from user-facing values (what ``preheat sim coldstart`` takes).
 
@@ -121,5 +122,6 @@ def prepare(
         peers=peers,
         slots=slots,
         seed=seed,
+        warm_budget=warm_budget,
     )
     return setup, rng

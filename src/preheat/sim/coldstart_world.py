@@ -1,6 +1,7 @@
 """The simulated fleet and the executor that carries out ``control.plan``'s actions.
 
-Pure (virtual time from the ``Agenda``). This is the simulator's counterpart of
+Pure (virtual time from the shared ``sim.events.EventQueue``). This is the simulator's
+counterpart of
 ``runtime.local_executor``: it owns nodes (``NodeDisk``), replicas, fills and the
 network, builds ``Observed`` for the planner, and carries out each ``control.state``
 action the way the live executor does:
@@ -46,10 +47,10 @@ from preheat.control.state import (
     WaitGate,
     Warm,
 )
-from preheat.sim.coldstart_clock import Agenda
 from preheat.sim.coldstart_config import Catalog, ModelSpec
 from preheat.sim.coldstart_flows import ORIGIN, Network
 from preheat.sim.coldstart_store import Eviction, NodeDisk, Refusal
+from preheat.sim.events import EventQueue
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
 from preheat.telemetry.records import EventClass, StartRecord
 from preheat.timing import get_profile
@@ -114,7 +115,7 @@ class World:
     def __init__(
         self,
         catalog: Catalog,
-        agenda: Agenda,
+        agenda: EventQueue,
         network: Network,
         *,
         store: bool,

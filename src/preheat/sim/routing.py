@@ -20,8 +20,8 @@ answered as an error (``ok=False``), as the live engine's 400 would be.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +184,10 @@ def simulate_routing(
     waiters: dict[str, list[int]] = {}
     stats = {"errors": 0, "out": 0, "prompt": 0, "cached": 0}
     nxt = 0
+    # Sends that a finished (or refused) request released, run in order by ``drain``: a
+    # refused request releases the next one at once, so a loop, not a recursion.
+    work: deque[tuple[Callable[[int, float], None], int]] = deque()
+    draining = False
 
     def send(i: int, now: float) -> None:
         it = items[i]
@@ -216,13 +220,20 @@ def simulate_routing(
             send(i, now)
 
     def release(request_id: str, now: float) -> None:
-        nonlocal nxt
+        nonlocal nxt, draining
         done_ids.add(request_id)
         for w in waiters.pop(request_id, ()):
-            send(w, now)
+            work.append((send, w))
         if closed and nxt < n_items:
             nxt += 1
-            ready(nxt - 1, now)
+            work.append((ready, nxt - 1))
+        if draining:
+            return
+        draining = True
+        while work:
+            fn, i = work.popleft()
+            fn(i, now)
+        draining = False
 
     def arrive_next(now: float) -> None:
         if nxt >= n_items:
@@ -237,7 +248,9 @@ def simulate_routing(
 
     if closed:
         assert config.concurrency is not None
-        for _ in range(min(config.concurrency, n_items)):
+        for _ in range(config.concurrency):
+            if nxt >= n_items:  # (refused requests release their client at once)
+                break
             nxt += 1
             ready(nxt - 1, 0.0)
     else:

@@ -33,7 +33,7 @@ from preheat.errors import PromptTooLong
 from preheat.kvcache import KVCache, block_hashes
 from preheat.timing import EngineProfile, StepWork, prefill_attn_pairs
 
-from .tokenizer import Tokenizer
+from .tokenizer import FILLER_IDS
 
 __all__ = ["Scheduler", "SeqOutput", "SeqState", "Step"]
 
@@ -230,7 +230,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = len(seq.prompt_tokens) + len(seq.output_tokens) - seq.num_computed
+            if n > budget:
+                n = budget
             if n <= 0:  # cannot happen for a live sequence; keep the loop safe
                 i += 1
                 continue
@@ -283,6 +285,9 @@ class Scheduler:
         """Apply a planned step that ended at ``now``; returns each sequence's new output."""
         self.steps += 1
         self.busy_time += step.duration
+        kv = self.kv
+        bs = kv.block_size
+        commit = kv.commit
         outs: list[SeqOutput] = []
         finished: list[SeqState] = []
         for seq, n in step.scheduled:
@@ -291,27 +296,26 @@ class Scheduler:
             if seq.first_scheduled is None:
                 seq.first_scheduled = now - step.duration
             seq.num_computed += n
-            if seq.num_computed < seq.num_tokens:
-                self.kv.commit(seq.req_id, seq.hashes, seq.num_computed)
+            output = seq.output_tokens
+            if seq.num_computed < len(seq.prompt_tokens) + len(output):
+                commit(seq.req_id, seq.hashes, seq.num_computed)
                 continue  # still prefilling (chunked): no token sampled
             # The step covered every known token: sample one output token.
-            pos = len(seq.output_tokens)
-            tok = Tokenizer.filler_ids(pos, 1)[0]
-            seq.output_tokens.append(tok)
+            pos = len(output)
+            tok = FILLER_IDS[pos % len(FILLER_IDS)]  # Tokenizer.filler_ids(pos, 1)[0]
+            output.append(tok)
             self.generation_tokens_total += 1
-            nfull = seq.num_tokens // self.kv.block_size
-            if nfull > len(seq.hashes):
-                parent = seq.hashes[-1] if seq.hashes else None
-                start = len(seq.hashes) * self.kv.block_size
-                seq.hashes.extend(
+            hashes = seq.hashes
+            nfull = (len(seq.prompt_tokens) + pos + 1) // bs
+            if nfull > len(hashes):
+                parent = hashes[-1] if hashes else None
+                start = len(hashes) * bs
+                hashes.extend(
                     block_hashes(
-                        seq.all_tokens()[start : nfull * self.kv.block_size],
-                        self.kv.block_size,
-                        parent=parent,
-                        salt=seq.salt,
+                        seq.all_tokens()[start : nfull * bs], bs, parent=parent, salt=seq.salt
                     )
                 )
-            self.kv.commit(seq.req_id, seq.hashes, seq.num_computed)
+            commit(seq.req_id, hashes, seq.num_computed)
             first = seq.first_token_time is None
             if first:
                 seq.first_token_time = now

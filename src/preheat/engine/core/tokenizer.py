@@ -22,8 +22,9 @@ from __future__ import annotations
 import re
 import zlib
 from functools import lru_cache
+from itertools import chain
 
-__all__ = ["FILLER_WORDS", "SPECIAL_TOKENS", "Tokenizer", "filler_text"]
+__all__ = ["FILLER_IDS", "FILLER_WORDS", "SPECIAL_TOKENS", "Tokenizer", "filler_text"]
 
 SPECIAL_TOKENS: dict[str, int] = {
     "<|begin_of_text|>": 128000,
@@ -69,8 +70,7 @@ class Tokenizer:
             if i % 2 == 1:
                 out.append(SPECIAL_TOKENS[part])
                 continue
-            for piece in _PIECES.findall(part):
-                out.extend(_piece_ids(piece))
+            out.extend(chain.from_iterable(map(_piece_ids, _PIECES.findall(part))))
         return out
 
     def count(self, text: str) -> int:
@@ -79,8 +79,12 @@ class Tokenizer:
     @staticmethod
     def filler_ids(start: int, n: int) -> list[int]:
         """Token ids of output tokens ``start`` .. ``start+n-1`` of any response."""
-        words = FILLER_WORDS
-        return [_chunk_id(words[(start + i) % len(words)]) for i in range(n)]
+        ids = FILLER_IDS
+        return [ids[(start + i) % len(ids)] for i in range(n)]
+
+
+FILLER_IDS: tuple[int, ...] = tuple(_chunk_id(w) for w in FILLER_WORDS)
+"""The token id of each filler word: output token ``k`` is ``FILLER_IDS[k % len]``."""
 
 
 def filler_text(start: int, n: int) -> str:
