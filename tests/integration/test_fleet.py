@@ -294,7 +294,12 @@ async def test_origin_lost_mid_warmup_node_failed_then_retried(tmp_path: Path) -
             nodes = f.status()["nodes"]
             return next(iter(nodes[0]["cache"].values()), {"state": "absent"})
 
-        await fleet.wait_until(lambda f: state(f)["state"] == "warming", 30, "warming")
+        # Moved once bytes flow (before that the store would only fail to resolve it).
+        await fleet.wait_until(
+            lambda f: state(f)["state"] == "warming" and state(f).get("progress", [0])[0] > 0,
+            30,
+            "warming with bytes flowing",
+        )
         model.dir.rename(moved)
         await fleet.wait_until(lambda f: state(f)["state"] == "failed", 60, "a failed warm-up")
         assert "disappeared from the origin" in state(fleet)["reason"]
