@@ -77,12 +77,12 @@ def replicas(kind: str, n: int, backends: list[str]) -> Iterator[list[RouterProc
         rs = []
         for _ in range(n):
             if kind.startswith("preheat"):
-                placement = kind.partition("-")[2] or "learned"
+                placement = kind.partition("-")[2]
                 r = launch_router(
                     backends=backends,
                     strategy="prefix_aware",
                     salt=SALT.decode(),
-                    extra_args=["--placement", placement],
+                    extra_args=["--placement", placement] if placement else [],
                 )
                 stack.callback(r.stop)
             else:
@@ -100,6 +100,17 @@ def agreement(choices: list[dict[str, str]]) -> float:
         ids &= set(c)
     same = sum(1 for i in ids if len({c[i] for c in choices}) == 1)
     return same / max(len(ids), 1)
+
+
+def max_share(choices: list[dict[str, str]], backends: int) -> float:
+    """The busiest backend's share of the requests over the mean (averaged over replicas)."""
+    ratios = []
+    for c in choices:
+        counts: dict[str, int] = {}
+        for b in c.values():
+            counts[b] = counts.get(b, 0) + 1
+        ratios.append(max(counts.values()) * backends / max(len(c), 1))
+    return sum(ratios) / len(ratios)
 
 
 def churn(n: int, prefixes: int, seed: int) -> tuple[float, float]:
@@ -148,8 +159,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--kinds",
-        default="preheat,preheat-hash,preheat-hybrid",
-        help="preheat placements: preheat (learned), preheat-hash, preheat-hybrid",
+        default="preheat,preheat-learned,preheat-hash,preheat-hybrid",
+        help="preheat placements: preheat (the default, stable), preheat-learned, "
+        "preheat-hash, preheat-hybrid",
     )
     ap.add_argument(
         "--workload",
@@ -181,7 +193,7 @@ def main() -> None:
         title=f"{args.replicas} replicas, {args.requests} {args.workload} requests, "
         f"{args.backends} backends"
     )
-    for col in ("router", "concurrency", "all replicas agree"):
+    for col in ("router", "concurrency", "all replicas agree", "max share / mean"):
         table.add_column(col, justify="right")
     with contextlib.ExitStack() as stack:
         backends = [stack.enter_context(start_fast_backend()).url for _ in range(args.backends)]
@@ -191,8 +203,10 @@ def main() -> None:
                 with replicas(kind, args.replicas, backends) as rs:
                     choices = asyncio.run(feed_all([r.url for r in rs], bodies, conc))
                 a = agreement(choices)
+                share = max_share(choices, args.backends)
                 results["agreement"][f"{kind}/c{conc}"] = a
-                table.add_row(kind, str(conc), f"{a:.1%}")
+                results.setdefault("max_share", {})[f"{kind}/c{conc}"] = share
+                table.add_row(kind, str(conc), f"{a:.1%}", f"{share:.2f}")
     console.print(table)
     t2 = Table(title="churn: share of prefixes re-homed (target <= 1.1/N)")
     for col in ("N", "one leaves", "one joins", "1/N", "1.1/N"):

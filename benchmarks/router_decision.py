@@ -65,6 +65,11 @@ def main() -> None:
         default=9600,
         help="KV capacity given to every instance (tokens; the LRU model runs; 0: none)",
     )
+    ap.add_argument(
+        "--placement",
+        default=PolicyParams().placement,
+        help="prefix_aware placement to time (default: the policy's default)",
+    )
     args = ap.parse_args()
     console = Console()
     console.print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
@@ -83,12 +88,19 @@ def main() -> None:
         table.add_column(col, justify="right")
     rng = random.Random(args.seed)
     fleet = [Instance(f"http://10.0.{i // 250}.{i % 250}:8000") for i in range(args.instances)]
-    params = PolicyParams(prefix_length=args.prefix_length, block_chars=args.block_chars)
+    params = PolicyParams(
+        prefix_length=args.prefix_length, block_chars=args.block_chars, placement=args.placement
+    )
     results = {}
     runs = [
         ("random", params),
         ("least_outstanding", params),
-        ("prefix_aware", PolicyParams(prefix_length=8192, block_chars=args.block_chars)),
+        (
+            "prefix_aware",
+            PolicyParams(
+                prefix_length=8192, block_chars=args.block_chars, placement=args.placement
+            ),
+        ),
         ("prefix_aware", params),
     ]
     for name, prm in runs:

@@ -139,10 +139,11 @@ def test_multi_turn_chat_stays_on_its_instance() -> None:
 
 
 def test_bounded_load_spills_along_a_stable_order() -> None:
-    """A hot prefix fills its home to the bound, then spills to a small, stable set."""
+    """Learned placement: a hot prefix fills its home to the bound, then spills to a
+    small, stable set."""
 
     def run() -> list[str]:
-        p = PrefixAwarePolicy(PolicyParams(prefix_length=4096), salt=SALT)
+        p = PrefixAwarePolicy(PolicyParams(prefix_length=4096, placement="learned"), salt=SALT)
         fleet = _fleet(7)
         hot = _doc(7)
         out = []
@@ -203,9 +204,13 @@ def test_removed_instances_are_forgotten() -> None:
 
 
 def test_memory_stays_bounded_with_100k_distinct_prefixes() -> None:
-    """index_entries caps the learned index; 100,000 prefixes stay under ~3 MB."""
+    """index_entries caps the learned index; 100,000 prefixes stay under ~3 MB (learned
+    placement; every placement: test_router_prefix_memory.py)."""
     p = PrefixAwarePolicy(
-        PolicyParams(prefix_length=1024, block_chars=512, index_entries=10_000), salt=SALT
+        PolicyParams(
+            prefix_length=1024, block_chars=512, index_entries=10_000, placement="learned"
+        ),
+        salt=SALT,
     )
     fleet = _fleet(8)
     tracemalloc.start()
@@ -244,7 +249,7 @@ def test_replicas_agree_on_the_same_stream_and_hash_placement_in_any_order() -> 
     random.Random(9).shuffle(shuffled)
     assert run("hash", same) == run("hash", shuffled)
     with pytest.raises(
-        ConfigError, match=r"placement .sticky. is not one of learned, hash, hybrid"
+        ConfigError, match=r"placement .sticky. is not one of stable, learned, hash, hybrid"
     ):
         PolicyParams(placement="sticky")
 

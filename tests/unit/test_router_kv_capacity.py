@@ -64,12 +64,14 @@ def test_the_policy_stops_counting_an_evicted_document_as_held() -> None:
     served long ago is no longer an affinity match there."""
     p = PrefixAwarePolicy(PolicyParams(prefix_length=16384), salt=SALT)
     fleet = [Instance(f"http://127.0.0.1:{9100 + i}") for i in range(2)]
+    # The router learns capacities before it routes (the first health round).
+    for inst in fleet:
+        p.set_capacity(inst.id, 2000)
     doc = "the first document " * 300
     first = p.choose(RouteRequest("r0", text=doc + " q0"), fleet)
     p.on_sent(RouteRequest("r0", text=doc + " q0"), first)
     again = p.choose(RouteRequest("r1", text=doc + " q1"), fleet)
     assert again.instance is first.instance and again.matched_blocks > 0
-    p.set_capacity(first.instance.id, 2000)
     for i in range(6):  # 6 x ~1,400 tokens of other documents, all on that instance
         other = RouteRequest(f"o{i}", text=f"other document {i} " * 300)
         c = p.choose(other, [first.instance])

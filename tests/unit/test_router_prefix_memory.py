@@ -9,7 +9,7 @@ import pytest
 from preheat.router.policies import Instance, PolicyParams, RouteRequest, make_policy
 
 
-@pytest.mark.parametrize("placement", ["learned", "hybrid"])
+@pytest.mark.parametrize("placement", ["stable", "learned", "hybrid"])
 def test_100k_distinct_prefixes_keep_the_policy_memory_bounded(placement: str) -> None:
     """With index_entries 1,000 the learned index never holds more than 1,000 blocks, and
     this process's RSS after 100,000 prefixes is within 4 MB of its RSS after 20,000."""

@@ -17,6 +17,7 @@ from preheat.bench.workloads import (
     unique,
     zipf_weights,
 )
+from preheat.engine.core.tokenizer import Tokenizer
 from preheat.errors import ConfigError
 
 
@@ -129,3 +130,23 @@ def test_mixed_traffic_interleaves_every_workload_in_its_own_order() -> None:
     assert followers and all(position[i.after] < position[i.request_id] for i in followers)  # type: ignore[index]
     with pytest.raises(ConfigError, match="unknown: \\['video'\\]"):
         mixed(10, weights={"video": 1.0})
+
+
+def test_peer_workload_shapes_have_their_published_token_counts() -> None:
+    """sglang-gsp: groups share a system prompt of 2,138 tokens, questions are 535; all
+    groups (128 by default) appear in a shuffled order. llmd-b2b: a customer's users share its 6,000-token
+    context, queries are ~1,200 tokens (simulated tokenizer)."""
+    tok = Tokenizer()
+    gsp = WORKLOADS["sglang-gsp"](32, groups=8, seed=1)
+    assert len({w.group for w in gsp}) == 8
+    assert [w.group for w in gsp[:8]] != [f"group{g}" for g in range(8)]
+    first = gsp[0].body["messages"]
+    assert len(tok.encode(first[0]["content"])) == pytest.approx(2138 + 3, abs=3)
+    assert len(tok.encode(first[1]["content"])) == 535
+    same = [w for w in gsp if w.group == gsp[0].group]
+    assert len({w.body["messages"][0]["content"] for w in same}) == 1
+    b2b = WORKLOADS["llmd-b2b"](12, customers=4, seed=2)
+    ctx = {w.group.split("/")[0]: w.body["messages"][0]["content"] for w in b2b}
+    assert len(ctx) == 4
+    assert all(len(tok.encode(c)) == pytest.approx(6000 + 3, abs=3) for c in ctx.values())
+    assert len(tok.encode(b2b[0].body["messages"][1]["content"])) == pytest.approx(1200, abs=4)

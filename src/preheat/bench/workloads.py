@@ -15,6 +15,17 @@
 * ``code``: code completion over ``repos`` repositories (Zipf-popular): a shared
   repository context (``context_chars``), then one of ``files`` files (Zipf-popular)
   cut at a random cursor; completions format, short outputs.
+* ``sglang-gsp``: SGLang's "generated shared prefix" benchmark shape (``bench_serving
+  --dataset-name generated-shared-prefix``; the dataset of sgl-project/sglang
+  docs/benchmark/benchmark.md: 4,096 prompts in 128 groups, a shared system prompt of
+  ~2,138 tokens per group, questions of ~535 tokens, 256 output tokens), prompts of all
+  groups shuffled; uniform group popularity, one turn.
+* ``llmd-b2b``: llm-d's precise prefix-cache-aware scheduling benchmark shape (the
+  llm-d blog "KV-Cache Wins You Can See", 2025: 150 enterprise customers, each with a
+  6,000-token context, 5 users per customer, 1,200-token queries): each request is one
+  customer's context (system message) and one of its users' query; customers and users
+  uniform. The blog sizes it at 73 % of 8 pods' KV cache; scale ``customers`` and the
+  token counts down for small engines (e.g. ``--set customers=20``).
 
 The fleet simulator (``preheat sim routing --workload NAME``) and the live benchmarks
 draw from the same ``WORKLOADS`` registry.
@@ -282,6 +293,87 @@ def code(
     return out
 
 
+def _shared(seed: int, group: int, tokens: int, vocab: list[str]) -> str:
+    """Group ``group``'s shared prefix: its own seeded stream, made only when used."""
+    rng = random.Random(seed * 1_000_003 + group)
+    return f"Group {group}. " + text_tokens(rng, tokens, vocab)
+
+
+def sglang_gsp(
+    n: int,
+    *,
+    groups: int = 128,
+    system_tokens: int = 2138,
+    question_tokens: int = 535,
+    max_tokens: int = 256,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """SGLang's generated-shared-prefix shape: groups of prompts that share a system
+    prompt, shuffled across groups (see the module docstring for the source)."""
+    _check(n, "n")
+    _check(groups, "groups")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    picks = [i % groups for i in range(n)]
+    rng.shuffle(picks)
+    made: dict[int, str] = {}
+    out = []
+    for i, g in enumerate(picks):
+        body = {
+            "model": "m",
+            "max_tokens": max_tokens,
+            "messages": [
+                {
+                    "role": "system",
+                    "content": made.get(g)
+                    or made.setdefault(g, _shared(seed, g, system_tokens, vocab)),
+                },
+                {"role": "user", "content": text_tokens(rng, question_tokens, vocab)},
+            ],
+        }
+        out.append(WorkItem(f"gsp-{seed}-{i}", CHAT, body, f"group{g}"))
+    return out
+
+
+def llmd_b2b(
+    n: int,
+    *,
+    customers: int = 150,
+    context_tokens: int = 6000,
+    users: int = 5,
+    query_tokens: int = 1200,
+    max_tokens: int = 64,
+    seed: int = 0,
+) -> list[WorkItem]:
+    """llm-d's B2B shape: a per-customer context shared by that customer's users, and a
+    long query per request (see the module docstring for the source)."""
+    _check(n, "n")
+    _check(customers, "customers")
+    _check(users, "users")
+    vocab = _vocab(seed)
+    rng = random.Random(seed)
+    made: dict[int, str] = {}
+    out = []
+    for i in range(n):
+        c = rng.randrange(customers)
+        u = rng.randrange(users)
+        query = f"User {u}: " + text_tokens(rng, query_tokens, vocab)
+        body = {
+            "model": "m",
+            "max_tokens": max_tokens,
+            "messages": [
+                {
+                    "role": "system",
+                    "content": made.get(c)
+                    or made.setdefault(c, _shared(seed, c, context_tokens, vocab)),
+                },
+                {"role": "user", "content": query},
+            ],
+        }
+        out.append(WorkItem(f"b2b-{seed}-{i}", CHAT, body, f"customer{c}/user{u}"))
+    return out
+
+
 #: The share of each workload in ``mixed`` traffic.
 MIX: dict[str, float] = {"rag": 0.3, "chat": 0.3, "templated": 0.2, "unique": 0.2}
 
@@ -334,6 +426,8 @@ WORKLOADS: dict[str, Callable[..., list[WorkItem]]] = {
     "mixed": mixed,
     "aws-8k": aws_8k,
     "code": code,
+    "sglang-gsp": sglang_gsp,
+    "llmd-b2b": llmd_b2b,
 }
 
 

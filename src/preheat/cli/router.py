@@ -79,9 +79,13 @@ def router() -> None:
     type=click.Choice(list(PLACEMENTS)),
     default=_P.placement,
     show_default=True,
-    help="prefix_aware: learned (least predicted time to first token: the prompt's "
-    "uncached part on each instance, from a KV-capacity-aware index, plus its queued "
-    "prefill, within load and share bounds; best hit rate and balance), hash "
+    help="prefix_aware: stable (the default: hot prefixes own a replica set sized by "
+    "their traffic share, cold prefixes are partitioned over the fleet's KV memory by "
+    "capacity- and balance-weighted rendezvous hashing and then stay, chat turns "
+    "follow their conversation, spill only at --concurrency-threshold; replicas agree "
+    "on document and template traffic), learned (least predicted time to first token: "
+    "the prompt's uncached part on each instance, from a KV-capacity-aware index, plus "
+    "its queued prefill, within load and share bounds), hash "
     "(stateless rendezvous; replicas agree whatever order they see requests in) or "
     "hybrid (stable home keys, hot prefixes spread over several instances; replicas "
     "agree whatever their in-flight counts unless they see requests in a different "

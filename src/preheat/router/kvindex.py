@@ -85,6 +85,10 @@ class CapacityIndex:
                 return j + 1, holders
         return 0, ()
 
+    def holders(self, block: int) -> tuple[str, ...]:
+        """The instances believed to hold ``block`` (oldest first; () if none)."""
+        return self._d.get(block, ())
+
     def depths(self, chain: Sequence[int]) -> dict[str, int]:
         """For each instance holding a leading part of ``chain``: how many blocks.
 

@@ -22,7 +22,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from preheat.errors import ConfigError
 from preheat.router.prefix import check_prefix_length
 
-PLACEMENTS = ("learned", "hash", "hybrid")
+PLACEMENTS = ("stable", "learned", "hash", "hybrid")
 OUTCOMES = ("affinity", "spill", "fallback", "random", "least_outstanding", "hint")
 #: Bounds of ``concurrency_threshold`` (in-flight requests per instance); the spec uses them too.
 CONCURRENCY_THRESHOLD_RANGE = (1, 1024)
@@ -97,8 +97,10 @@ class PolicyParams:
         requests in flight) weighs against the prefill this prompt would need there
         (0-100; 1 trusts the queue estimate fully; 0.05 by default, measured best for hit
         rate); hybrid/hash ignore it.
-    placement: ``learned`` (the least predicted TTFT over the capacity-modelled learned
-        index, under the load and share bounds), ``hash`` (stateless
+    placement: ``stable`` (the default: traffic-sized replica sets for hot prefixes,
+        weighted rendezvous for cold ones, spill only at the cap; replicas agree on
+        document and template traffic), ``learned`` (the least predicted TTFT over the
+        capacity-modelled learned index, under the load and share bounds), ``hash`` (stateless
         rendezvous with the in-flight bound; replicas agree in any order) or ``hybrid``
         (stable home keys, hot homes spread, share bound; replicas agree whatever their
         in-flight counts when they see the same order).
@@ -112,7 +114,7 @@ class PolicyParams:
     max_holders: int = 8
     balance_window: int = 1000
     load_weight: float = 0.05
-    placement: str = "learned"
+    placement: str = "stable"
 
     def __post_init__(self) -> None:
         check_prefix_length(self.prefix_length)

@@ -9,12 +9,16 @@ Algorithm (one decision; no I/O, no clock; deterministic given the request strea
    to cut *i*, so the next turn of a chat repeats every hash of the previous turn. The
    request key is ``chain[-1]``; an ``X-Preheat-Prefix-Id`` hint replaces the chain by
    one hashed id.
-2. **Placement** ``learned`` (the default): the least predicted TTFT over the
-   capacity-modelled learned index, under the in-flight and share bounds, spilling
-   along the matched prefix's own rendezvous order; the algorithm and its thresholds
-   are in router/policies/predicted.py. With KV events (``precise``, set by the router;
-   router/kvprecise.py) the blocks each synced instance announced replace the learned
-   guess for it. ``hash`` and ``hybrid`` are below.
+2. **Placement** ``stable`` (the default): hot prefixes own a replica set sized by
+   their share of traffic, the first cold block of a prompt stays where it was sent or
+   is placed by capacity- and balance-weighted rendezvous hashing, spill only at
+   ``concurrency_threshold``: a function of the request and of counts every replica
+   computes alike (router/policies/stable.py, with its thresholds). ``learned`` (the
+   previous default): the least predicted TTFT over the capacity-modelled learned
+   index, under the in-flight and share bounds, spilling along the matched prefix's own
+   rendezvous order (router/policies/predicted.py). With KV events (``precise``, set by
+   the router; router/kvprecise.py) the blocks each synced instance announced replace
+   the learned guess for it in both. ``hash`` and ``hybrid`` are below.
 
 Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 
@@ -31,7 +35,7 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 * ``index_entries`` (200,000): learned block hashes kept in total (LRU): the memory
   bound, roughly 200 bytes each.
 * ``max_holders`` (8; 1-64): instances remembered per block (the oldest is dropped).
-* ``placement`` (``learned``): ``hash`` skips steps 2-5 but the hard cap: the first
+* ``placement`` (``stable``; ``learned`` is selectable): ``hash`` skips steps 2-5 but the hard cap: the first
   instance in rendezvous order of the key below ``concurrency_threshold`` wins
   (SageMaker's rule). It keeps no state and reads no relative load, so replicas agree
   whatever order they see requests in, at the cost of balance (a hot prefix stays on
@@ -89,6 +93,7 @@ from preheat.errors import NoHealthyInstance
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
 from preheat.router.policies.predicted import PredictedPlacement, block_tokens
+from preheat.router.policies.stable import StablePlacement, capacity_weights
 from preheat.router.prefix import (
     CHARS_PER_TOKEN,
     MASK64,
@@ -115,6 +120,8 @@ _PREAMBLE_ROLES = ("system", "developer")
 # Placements that key a prompt by its home block (the first turn's first block).
 _HOMED = ("hybrid",)
 _INF = float("inf")
+# Marks a ``stable`` decision's state (router/policies/stable.py).
+_STABLE = "stable"
 
 
 def _home_block(pk: PrefixKey, fstart: int, fend: int) -> int:
@@ -158,6 +165,11 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self.hasher = PrefixHasher(salt, params.block_chars)
         self.index = CapacityIndex(params.index_entries, params.max_holders)
         self._predicted = PredictedPlacement(self.index)
+        self._stable = StablePlacement(self.index, params.index_entries, params.balance_window)
+        # Capacity-weighted rendezvous weights for ``stable`` (None: all equal); rebuilt
+        # when the instance list or a capacity changes.
+        self._weights: list[float] | None = None
+        self._weights_ok = False
         self._ids: list[str] = []
         self._seed_list: list[int] = []
         self._pos: dict[str, int] = {}
@@ -241,6 +253,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._pos = {x: j for j, x in enumerate(ids)}
             self._rl = [self._recent.get(x, 0.0) for x in ids]
             self._order = sorted(range(len(ids)), key=self._rl.__getitem__)
+            self._weights_ok = False
 
     def choose(self, request: RouteRequest, instances: Sequence[InstT]) -> Choice[InstT]:
         n = len(instances)
@@ -256,7 +269,45 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             return self._choose_hashed(pk, instances, loads, seeds)
         if p.placement == "hybrid":
             return self._choose_hybrid(pk, fstart, fend, instances, loads, seeds)
-        return self._choose_learned(pk, instances, loads, seeds)
+        if p.placement == "learned":
+            return self._choose_learned(pk, instances, loads, seeds)
+        return self._choose_stable(pk, instances, loads, seeds)
+
+    def _choose_stable(
+        self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
+    ) -> Choice[InstT]:
+        """``placement: stable`` (the default): replica sets sized by traffic share,
+        members by the request's own blocks, spill only at a burst limit
+        (router/policies/stable.py)."""
+        if not self._weights_ok:
+            self._weights = capacity_weights(self._ids, self.index)
+            self._weights_ok = True
+        lk = None
+        if self.precise is not None and not pk.hinted:
+            lk = self.precise.lookup(self._body, self._ids)
+        pick, outcome, rank, held = self._stable.choose(
+            pk,
+            self._ids,
+            loads,
+            seeds,
+            lambda: self._stable.weights(self._ids, self._weights, self._rl, self._g),
+            threshold=self.params.concurrency_threshold,
+            precise=(lk.held_chars(pk.prompt_chars), lk.synced) if lk is not None else None,
+            pos=self._pos,
+        )
+        if outcome == "affinity" and pk.hinted:
+            outcome = "hint"
+        cached = pk.cuts[held - 1] if held else 0
+        return Choice(
+            instances[pick],
+            outcome,
+            rank,
+            held,
+            len(pk.chain),
+            cached // CHARS_PER_TOKEN,
+            pk.prompt_chars,
+            (_STABLE, pk, max(pk.prompt_chars - cached, 0), lk),
+        )
 
     def _choose_hashed(
         self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
@@ -415,6 +466,17 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         if placement == "hash":
             return
         pk = choice.state
+        if isinstance(pk, tuple) and pk[0] is _STABLE:
+            self._stable.on_sent(
+                pk[1],
+                choice.instance.id,
+                len(self._ids),
+                pk[2],
+                request.body,
+                self.params.balance_window,
+            )
+            if pk[3] is not None and self.precise is not None:
+                self.precise.sent(choice.instance.id, pk[3])
         if placement == "learned" and isinstance(pk, tuple) and len(pk) == 3:
             self._predicted.on_sent(pk[0], choice.instance.id, pk[1], request.body)
             if pk[2] is not None and self.precise is not None:
@@ -456,12 +518,18 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         st = choice.state
         if isinstance(st, tuple) and len(st) == 3 and isinstance(st[0], PrefixKey):
             self._predicted.on_done(choice.instance.id, st[1])
+        elif isinstance(st, tuple) and st[0] is _STABLE:
+            self._stable.predicted.on_done(choice.instance.id, st[2])
 
     def set_capacity(self, instance_id: str, tokens: int | None) -> None:
+        if self.index.capacity(instance_id) != tokens:
+            self._weights_ok = False
         self.index.set_capacity(instance_id, tokens)
 
     def forget(self, instance_id: str) -> None:
         self._predicted.forget(instance_id)
+        self._stable.forget(instance_id)
+        self._weights_ok = False
         for x, c in zip(self._ids, self._rl, strict=True):
             self._recent[x] = c
         self._recent.pop(instance_id, None)

@@ -1,0 +1,364 @@
+"""The default (``stable``) placement of ``prefix_aware``: a function of the request and of
+state every router replica computes the same way, so replicas agree without talking.
+
+Algorithm (one decision; pure: no I/O, no clock, no randomness):
+
+1. **Traffic counts.** Every block hash of every routed request is counted, decayed by
+   ``1 - 1/balance_window`` per request. A block's **share** is its count over
+   ``max(total, LOAD_FLOOR * n)``: the part of recent requests whose prompt starts with
+   that block. Counts depend on the request stream only (not on a decision or a load),
+   so replicas that see the same requests in a slightly different order hold nearly the
+   same counts.
+2. **Descend the chain.** Start with every instance as the set. For each block of the
+   prompt from the root:
+
+   * a **hot** block (spread ``k`` > 1, step 3) narrows the set to its ``k`` members
+     (nothing if ``k`` >= the set): the members it had before (at first, the instances
+     it was sent to while cold), filled up by the block's plain rendezvous score; a
+     shared system prompt is as hot as the fleet and narrows nothing, a popular RAG
+     document, template or repository context narrows to its own ``k`` instances;
+   * the first **cold** block decides: the instance of the set the learned index says
+     it was sent to (router/kvindex.py, capacity-modelled, so a prefix the engine has
+     certainly evicted is placed afresh), ties by plain score; else the highest
+     *weighted* rendezvous score in the set (step 4). That is a conversation's first
+     user turn (every later turn repeats its block, so the conversation follows it), a
+     document's question (a request picks its member of a hot document's set by its own
+     content), a file of a repository.
+
+   If every block is hot (identical prompts), the request key's score picks in the set.
+3. **Spread with hysteresis.** ``t = HOT_SPREAD * share * n`` is how many instances the
+   block's traffic fills to ``1 / HOT_SPREAD`` of a fair share each. ``k`` moves only in
+   powers of two (1, 2, 4, ... then n): up to the smallest power >= ``t`` when ``t``
+   exceeds ``k``, down only when ``(1 + HYSTERESIS) * t`` fits a smaller power. Few
+   transitions, each at a count replicas reach within a few requests of each other.
+4. **Weights: capacity and balance, only where nothing is placed yet.** Instance j's
+   weight is ``cap_j * exp(-BALANCE_GAIN * (recent_j - mean) / max(mean, LOAD_FLOOR) -
+   FILL_GAIN * (fill_j - fill_mean) / fill_mean)``: ``cap_j`` its KV capacity over the
+   largest (router/kvcapacity.py; unknown: the mean of the known; all equal: 1),
+   ``recent_j`` the decayed requests sent to it, ``fill_j`` the decayed uncached prefill
+   characters sent to it (what it had to write into its KV cache, so what it evicted).
+   Weighted rendezvous (``w / -ln(u)``) places a cold prefix on the instance with the
+   least recent traffic and KV churn, one copy each: the working set is partitioned
+   over the fleet's aggregate KV memory. Weights never move a placed prefix (cold
+   blocks follow the index, hot sets keep their members), and they are functions of
+   decisions that replicas agree on, so replicas' weights differ only by the few
+   requests they see in a different order; a decision differs only where two weighted
+   scores are that close.
+5. **Spill only at the limit.** If the pick has ``in_flight >= concurrency_threshold``,
+   the request goes to the least predicted TTFT among the next ``SPILL_CANDIDATES``
+   under the limit in the deciding block's rendezvous order: uncached prefill there
+   (learned index) + ``QUEUED_SHARE`` x the prefill queued on it
+   (router/policies/predicted.py); outcome ``spill``. This reads the replica's own
+   in-flight counts: where replicas may legitimately disagree (counted as spills). If
+   every instance is at the limit: the least in flight (``fallback``).
+
+Outcomes: ``affinity`` (``hint`` for a hinted key) when the pick holds a leading part
+of the prompt (learned index, or KV events for synced instances), ``fallback`` when a
+cold prefix is placed afresh by its score (a new document, question or conversation),
+``spill`` as in step 5.
+
+Thresholds (module constants; ``PolicyParams`` in parentheses):
+
+* ``HOT_SPREAD`` = 1.5: a hot block's members get at most about 2/3 of a fair share each
+  from it (2 cost hit rate under KV pressure, 1 balance; docs/benchmarks.md, Router 7).
+* ``HYSTERESIS`` = 0.5.
+* ``LOAD_FLOOR`` = 10 requests per instance: early shares and balance terms are taken
+  over at least this many requests, so the first requests look neither hot nor skewed.
+* ``BALANCE_GAIN`` = 10: an instance 10 % above the mean request count weighs e^-1 as
+  much for new prefixes. ``FILL_GAIN`` = 1: 10 % above the mean KV writes, e^-0.1
+  (larger gains moved nothing measurable and cost agreement in process).
+* ``SPILL_CANDIDATES`` = 2.
+* ``concurrency_threshold`` (64): the hard in-flight cap, the only load limit.
+* ``balance_window`` (1,000 requests): the decay of counts, request and fill totals.
+* ``index_entries`` (200,000): the learned index's bound; a quarter of it (at least
+  1,000) bounds the block counts (LRU); hot blocks are kept only while counted.
+
+The policy ``balance_epsilon`` and ``load_weight`` do not apply to this placement.
+Measured (docs/benchmarks.md, Router 7): 4 router processes agree on >= 99 % of RAG,
+templated and multi-turn chat requests at concurrency 8.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from math import exp, log
+from typing import Any
+
+from preheat.router.kvindex import CapacityIndex
+from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
+from preheat.router.prefix import MASK64, SCORE_MULTIPLIER, PrefixKey
+
+__all__ = [
+    "BALANCE_GAIN",
+    "FILL_GAIN",
+    "HOT_SPREAD",
+    "HYSTERESIS",
+    "SPILL_CANDIDATES",
+    "StablePlacement",
+    "capacity_weights",
+    "spread_for",
+]
+
+_MUL = SCORE_MULTIPLIER
+HOT_SPREAD = 1.5
+HYSTERESIS = 0.5
+LOAD_FLOOR = 10.0
+BALANCE_GAIN = 10.0
+FILL_GAIN = 1.0
+SPILL_CANDIDATES = 2
+_TWO64 = float(1 << 64)
+
+
+def _pow2_at_least(t: float, n: int) -> int:
+    """The smallest power of two >= t, capped at n (n itself once a power exceeds it)."""
+    k = 1
+    while k < t:
+        k *= 2
+    return min(k, n)
+
+
+def spread_for(k: int, t: float, n: int) -> int:
+    """The next spread of a block holding ``k`` with target ``t`` (module header, 3)."""
+    k = min(max(k, 1), n)
+    if t > k:
+        return _pow2_at_least(t, n)
+    down = _pow2_at_least(t * (1.0 + HYSTERESIS), n)
+    return down if down < k else k
+
+
+class StablePlacement:
+    """Traffic counts per block, their spreads, and the decision of the module header."""
+
+    def __init__(self, index: CapacityIndex, max_entries: int, window: int) -> None:
+        self.index = index
+        self.predicted = PredictedPlacement(index)
+        # Counts of cold blocks matter only until they are far down the LRU: a quarter of
+        # the index's bound keeps every block with a share worth a spread.
+        self.max_entries = max(max_entries // 4, 1000)
+        self._decay = 1.0 - 1.0 / window
+        # block -> decayed count (in units of _g); insertion order is the LRU.
+        self._counts: OrderedDict[int, float] = OrderedDict()
+        # Hot blocks only (spread > 1): block -> [spread, members kept (instance ids)].
+        self._hot: dict[int, list[Any]] = {}
+        self._total = 0.0
+        self._g = 1.0
+        # instance -> decayed uncached prefill characters sent there (units of _g).
+        self._fill: dict[str, float] = {}
+
+    # --- decision -----------------------------------------------------------------------
+
+    def choose(
+        self,
+        pk: PrefixKey,
+        ids: Sequence[str],
+        loads: Sequence[int],
+        seeds: Sequence[int],
+        weights: Callable[[], Sequence[float] | None],
+        *,
+        threshold: int,
+        precise: tuple[Mapping[str, int], Collection[str]] | None = None,
+        pos: Mapping[str, int] | None = None,
+    ) -> tuple[int, str, int, int]:
+        """(position of the pick, outcome, rank in the deciding block's order, blocks of
+        the prompt the learned index believes it holds). ``weights`` gives step 4's
+        weights; it is called only when a weight decides (a prefix placed afresh).
+        ``precise``: prompt characters held by each instance whose KV events are synced
+        (router/kvprecise.py), and those instances; for them it replaces the learned
+        index when a cold block looks for where it is held."""
+        n = len(ids)
+        hot = self._hot
+        members = list(range(n))
+        decider = pk.chain[0]
+        for h in pk.chain:
+            e = hot.get(h)
+            k = min(e[0], n) if e is not None else 1
+            if k >= len(members):
+                continue
+            decider = h
+            if pos is None:
+                pos = {x: j for j, x in enumerate(ids)}
+            if e is None:
+                # A cold block stays where it was sent (the learned index's holders in
+                # the set; the plain score breaks ties, so weights never move it).
+                held = [pos[x] for x in self.index.holders(h) if x in pos]
+                if precise is not None:
+                    # Synced instances: what their KV events announced replaces the guess.
+                    chars, synced = precise
+                    # Held: past the middle of the block (the characters are pro rata).
+                    b = pk.chain.index(h)
+                    mid = (pk.cuts[b] + (pk.cuts[b - 1] if b else 0)) / 2
+                    held = [j for j in held if ids[j] not in synced]
+                    held += [pos[x] for x, c in chars.items() if c >= mid and x in pos]
+                held = [j for j in held if j in members]
+                if held:
+                    members = [max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)]
+                    break
+                sc = self._scores(h, seeds, weights())
+                members = [max(members, key=sc.__getitem__)]
+                break
+            kept = [pos[x] for x in e[1] or self.index.holders(h) if x in pos]
+            kept = [j for j in kept if j in members]
+            if len(kept) != k:
+                # New, grown, shrunk or lost a member: keep the members it had (at first,
+                # the instances it was sent to), fill up by plain score (not by weight, so
+                # replicas with slightly different weights choose the same set).
+                sc = self._scores(h, seeds, None)
+                kept.sort(key=sc.__getitem__, reverse=True)
+                rest = sorted((j for j in members if j not in kept), key=sc.__getitem__)
+                while len(kept) < k and rest:
+                    kept.append(rest.pop())
+                del kept[k:]
+                e[1] = tuple(ids[j] for j in kept)
+            members = kept
+        if len(members) > 1:
+            # The whole prompt is as hot as its set (identical prompts): its key decides.
+            decider = pk.key
+            sc = self._scores(decider, seeds, weights())
+            members.sort(key=sc.__getitem__, reverse=True)
+        pick = members[0]
+        depths = self.index.depths(pk.chain) if not pk.hinted else {}
+        if precise is not None:
+            chars, synced = precise
+            for x in synced:
+                depths.pop(x, None)
+            for x, c in chars.items():
+                d = min(bisect_right(pk.cuts, c), len(pk.chain))
+                if d:
+                    depths[x] = d
+        if loads[pick] < threshold:
+            depth = depths.get(ids[pick], 0)
+            # affinity: the pick holds a leading part of the prompt (hinted: its key);
+            # fallback: a cold prefix placed afresh by its rendezvous score.
+            known = depth or (pk.hinted and ids[pick] in self.index.holders(pk.key))
+            return pick, "affinity" if known else "fallback", 0, depth
+        sc = self._scores(decider, seeds, weights())
+        order = sorted(range(n), key=sc.__getitem__, reverse=True)
+        under = [j for j in order if loads[j] < threshold][:SPILL_CANDIDATES]
+        if not under:
+            least = min(loads)
+            j = next(j for j in order if loads[j] == least)
+            return j, "fallback", order.index(j), depths.get(ids[j], 0)
+        cuts = pk.cuts
+        queued = self.predicted.queued
+
+        def cost(j: int) -> float:
+            d = depths.get(ids[j], 0)
+            held = cuts[d - 1] if d else 0
+            q = queued.get(ids[j], 0) if loads[j] else 0
+            return max(pk.prompt_chars - held, 0) + QUEUED_SHARE * q
+
+        j = min(under, key=cost)
+        return j, "spill", order.index(j), depths.get(ids[j], 0)
+
+    @staticmethod
+    def _scores(h: int, seeds: Sequence[int], weights: Sequence[float] | None) -> list[float]:
+        if weights is None:
+            return [float(((h ^ s) * _MUL) & MASK64) for s in seeds]
+        # Weighted rendezvous (Schindelhauer & Schomaker): w / -ln(u), u uniform in (0, 1).
+        return [
+            w / -log((((h ^ s) * _MUL & MASK64) + 0.5) / _TWO64)
+            for s, w in zip(seeds, weights, strict=True)
+        ]
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def count(self, pk: PrefixKey, n: int, window: int | None = None) -> None:
+        """Count the request's blocks and update their spreads (module header, 1 and 3);
+        ``window`` (decisions) replaces the decay given at construction."""
+        if window is not None:
+            self._decay = 1.0 - 1.0 / window
+        g = self._g = self._g / self._decay
+        self._total += g
+        counts = self._counts
+        hot = self._hot
+        scale = HOT_SPREAD * n / max(self._total, LOAD_FLOOR * n * g)
+        for h in pk.chain:
+            c = counts.get(h)
+            if c is None:
+                c = counts[h] = g
+            else:
+                c = counts[h] = c + g
+                counts.move_to_end(h)
+            t = c * scale
+            e = hot.get(h)
+            k = e[0] if e is not None else 1
+            if t > k or k > 1:
+                k2 = spread_for(k, t, n)
+                if k2 == 1:
+                    hot.pop(h, None)
+                elif e is None:
+                    hot[h] = [k2, ()]
+                else:
+                    e[0] = k2
+        while len(counts) > self.max_entries:
+            h, _ = counts.popitem(last=False)
+            hot.pop(h, None)
+        if g > 1e12:
+            for h in counts:
+                counts[h] /= g
+            for x in self._fill:
+                self._fill[x] /= g
+            self._total /= g
+            self._g = 1.0
+
+    def weights(
+        self,
+        ids: Sequence[str],
+        capacity: Sequence[float] | None,
+        recent: Sequence[float],
+        g: float,
+    ) -> list[float] | None:
+        """Capacity weights times the balance terms of the module header (2)."""
+        n = len(ids)
+        if n == 0:
+            return None
+        mean = sum(recent) / n
+        norm = BALANCE_GAIN / max(mean, LOAD_FLOOR * g)
+        fill = [self._fill.get(x, 0.0) for x in ids]
+        fmean = sum(fill) / n
+        fnorm = FILL_GAIN / fmean if fmean > 0 else 0.0
+        base = capacity or [1.0] * n
+        return [
+            w * exp(-norm * (c - mean) - fnorm * (f - fmean))
+            for w, c, f in zip(base, recent, fill, strict=True)
+        ]
+
+    def forget(self, instance_id: str) -> None:
+        """An instance left: drop its KV-write count and queued prefill (hot sets refill
+        without it at their next request)."""
+        self._fill.pop(instance_id, None)
+        self.predicted.forget(instance_id)
+
+    def spread(self, h: int) -> int:
+        """The spread kept for a block (1 when it is not hot)."""
+        e = self._hot.get(h)
+        return int(e[0]) if e is not None else 1
+
+    def on_sent(
+        self,
+        pk: PrefixKey,
+        instance_id: str,
+        n: int,
+        uncached: int,
+        body: Mapping[str, Any] | None,
+        window: int | None = None,
+    ) -> None:
+        """Count the request, record it in the learned index and queue its ``uncached``
+        prefill characters on the instance (``predicted.on_done`` removes them)."""
+        self.count(pk, n, window)
+        self._fill[instance_id] = self._fill.get(instance_id, 0.0) + uncached * self._g
+        self.predicted.on_sent(pk, instance_id, uncached, body)
+
+
+def capacity_weights(ids: Sequence[str], index: CapacityIndex) -> list[float] | None:
+    """Rendezvous weights from the capacities learned (None: all equal; module header)."""
+    caps = [index.capacity(x) for x in ids]
+    known = [c for c in caps if c is not None]
+    if not known or (len(known) == len(caps) and min(known) == max(known)):
+        return None
+    top = max(known)
+    fill = sum(known) / len(known)
+    w = [(c if c is not None else fill) / top for c in caps]
+    return None if min(w) == max(w) else w
