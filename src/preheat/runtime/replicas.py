@@ -258,9 +258,7 @@ class Supervisor:
                     r.weights_source = "origin"
                     r.detail = "fetching weights from origin (cold node)"
                     outcome = await self.warmer.pull_for_replica(r, node)
-                    bytes_from = outcome.bytes_from
-                    if bytes_from["peer"] and not bytes_from["origin"]:
-                        weights_source = r.weights_source = "peer"
+                    bytes_from = {"origin": outcome.bytes_fetched, "cache": outcome.bytes_reused}
                     snap = outcome.snapshot
                 else:
                     bytes_from = {"cache": st.rv(r.revision).model_bytes}

@@ -128,20 +128,14 @@ class Warmer:
 
         admission = None
         try:
-            fill = None
             if fan_out and self.peers is not None:
                 admission = await self.peers.admit(node.name, revision, rv.source, waiting)
                 node.views[revision] = cache_view(WarmState.WARMING)
-                fill = admission.fill
-            elif self.peers is not None:
-                # A replica's own pull on a cold node: pieces peers hold come from them
-                # (no origin slot taken: the replica is waiting), the rest from the origin.
-                fill = await self.peers.fill_for(node.name)
             outcome = await node.cache.pull(
                 rv.source,
                 revision,
                 progress=progress,
-                peers=fill,
+                peers=admission.fill if admission is not None else None,
                 origin_limiter=self.origin_limiter,
             )
         except InsufficientSpace as exc:
@@ -215,8 +209,7 @@ class Warmer:
         )
 
     async def pull_for_replica(self, r: Replica, node: Node) -> PullOutcome:
-        """A replica on a cold node fetches the revision itself (peers first, then the
-        origin), waiting
+        """A replica on a cold node fetches the revision from the origin itself, waiting
         out an unreachable origin (status shows why) until the replica is stopped."""
         # Share a warm-up that is already running on this node.
         task = node.warm_tasks.get(r.revision)
