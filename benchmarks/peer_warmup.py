@@ -11,6 +11,11 @@ serve their stores to each other (``runtime.peering``), simulated engines.
    per-node bandwidth (``origin.bandwidth``, which limits a node's downloads from peers
    too) and the origin link limited to the same rate (``origin.budget.bandwidth``), so
    without peers the origin link is the bottleneck.
+3. Filling seeds: ``--seed-nodes`` nodes (6) warm the ``--size`` model at ``--bandwidth``
+   per node, origin budget at one concurrent fill, first with receivers that wait for a
+   *complete* holder (``FleetPeers.seed_sources = False``, the old planner), then with
+   receivers that take the seed while it still fills (the default); same run, same
+   settings, alternating ``--repeat`` times. Origin bytes must stay <= 1.10x the model.
 
     .venv/bin/python benchmarks/peer_warmup.py --json
 """
@@ -38,11 +43,16 @@ def _cluster(base: Path, n: int, size: int, **top: Any) -> Any:
     return parse_cluster({"nodes": nodes, **top}, base_dir=base)
 
 
-async def warm(source: str, cluster: Any, state: Path, timeout: float) -> dict[str, Any]:
+async def warm(
+    source: str, cluster: Any, state: Path, timeout: float, *, seed_sources: bool = True
+) -> dict[str, Any]:
     """Start a fleet, wait until every node holds the revision; seconds and records."""
     spec = endpoint_spec("bench", source, replicas=1, cache={"enabled": True})
     t0 = time.monotonic()
-    async with LocalFleet(spec, cluster, state) as fleet:
+    fleet = LocalFleet(spec, cluster, state)
+    if fleet.warmer.peers is not None:
+        fleet.warmer.peers.seed_sources = seed_sources
+    async with fleet:
 
         def done(f: LocalFleet) -> bool:
             rev = f.status()["variants"][0]["revision"]
@@ -53,10 +63,15 @@ async def warm(source: str, cluster: Any, state: Path, timeout: float) -> dict[s
         await fleet.wait_until(done, timeout, "every node warm")
         seconds = time.monotonic() - t0
         status = fleet.status()
+        log = (state / "logs" / "fleet.log").read_text()
+        retries = [
+            line for line in log.splitlines() if "peer failure" in line or "avoiding" in line
+        ]
         return {
             "seconds": round(seconds, 2),
             "warmups": status["warmups"],
             "revisions": status["revisions"],
+            "peer_retries": retries,
         }
 
 
@@ -64,15 +79,66 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"loadavg": Path("/proc/loadavg").read_text().split()[:3]}
     origin_dir = root / "origin"
     size = parse_size(args.size)
-    big = make_model(origin_dir / "big", size=size, shards=8, seed=1) if args.nodes else None
+    big = (
+        make_model(origin_dir / "big", size=size, shards=8, seed=1)
+        if args.nodes or args.seed_nodes
+        else None
+    )
     small = make_model(origin_dir / "small", size=parse_size(args.scale_size), shards=4, seed=2)
     bw = parse_size(args.bandwidth.removesuffix("/s"))
 
     # 1. origin bytes for --nodes nodes, origin budget at one concurrent fill
     if args.nodes:
         out["origin_bytes"] = await origin_run(args, root, origin_dir, big)
-    out["scaling"] = await scaling_run(args, root, origin_dir, small, bw)
+    if args.scale:
+        out["scaling"] = await scaling_run(args, root, origin_dir, small, bw)
+    if args.seed_nodes and big is not None:
+        out["filling_seed"] = await seed_run(args, root, origin_dir, big, bw)
     return out
+
+
+async def seed_run(
+    args: argparse.Namespace, root: Path, origin_dir: Path, big: Any, bw: int
+) -> dict[str, Any]:
+    """3. ``--seed-nodes`` nodes: receivers wait for a complete seed, or take it filling."""
+    runs: dict[str, list[dict[str, Any]]] = {"complete_seed": [], "filling_seed": []}
+    for i in range(args.repeat):
+        for label, on in (("complete_seed", False), ("filling_seed", True)):
+            log = root / f"access-seed-{label}-{i}.log"
+            base = root / f"seed-{label}-{i}"
+            with nginx_origin(origin_dir, access_log=log, workers=4) as origin:
+                cluster = _cluster(
+                    base,
+                    args.seed_nodes,
+                    big.size,
+                    origin={"bandwidth": bw, "budget": {"concurrentFills": 1}},
+                )
+                res = await warm(
+                    big.http_ref(origin.base_url, origin_dir),
+                    cluster,
+                    base / "state",
+                    900,
+                    seed_sources=on,
+                )
+            runs[label].append(
+                {
+                    "wall": res["seconds"],
+                    "warm": max(w["seconds"] for w in res["warmups"]),
+                    "origin_ratio": round(origin_bytes_sent(log) / big.size, 4),
+                    "modes": sorted(w["mode"] for w in res["warmups"]),
+                    "bytes_from": sorted((w["node"], w["bytes_from"]) for w in res["warmups"]),
+                    "peer_retries": res["peer_retries"],
+                }
+            )
+            shutil.rmtree(base, ignore_errors=True)
+    best = {k: min(r["warm"] for r in v) for k, v in runs.items()}
+    return {
+        "nodes": args.seed_nodes,
+        "model_bytes": big.size,
+        "per_node_bytes_per_s": bw,
+        "runs": runs,
+        "speedup_warm": round(best["complete_seed"] / best["filling_seed"], 2),
+    }
 
 
 async def origin_run(args: argparse.Namespace, root: Path, origin_dir: Path, big: Any) -> Any:
@@ -140,7 +206,11 @@ def main() -> None:
     p.add_argument(
         "--nodes", type=int, default=6, help="nodes in the origin-bytes run (0: skip it)"
     )
-    p.add_argument("--scale", type=int, nargs="+", default=[2, 4, 8], help="N to time")
+    p.add_argument("--scale", type=int, nargs="*", default=[2, 4, 8], help="N to time (none: skip)")
+    p.add_argument(
+        "--seed-nodes", type=int, default=6, help="nodes in the filling-seed run (0: skip it)"
+    )
+    p.add_argument("--repeat", type=int, default=1, help="filling-seed runs per setting")
     p.add_argument("--scale-size", default="64MB", help="model size for the scaling runs")
     p.add_argument("--bandwidth", default="32MB/s", help="per-node and origin-link rate")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -160,13 +230,22 @@ def main() -> None:
             f"{ob['nodes']} nodes x {format_size(ob['model_bytes'])}: origin sent "
             f"{format_size(ob['origin_bytes_sent'])} = {ob['ratio']}x the model, {ob['seconds']} s"
         )
-    for row in result["scaling"]["rows"]:
+    for row in result.get("scaling", {}).get("rows", []):
         print(
             f"N={row['n']}: peers {row['peers']} s, no peers {row['no_peers']} s "
             f"({row['speedup']}x); growth vs N={result['scaling']['rows'][0]['n']}: "
             f"{row['peers_growth']}x vs {row['no_peers_growth']}x; warm-up phase "
             f"{row['peers_warm']} s vs {row['no_peers_warm']} s"
         )
+    fs = result.get("filling_seed")
+    if fs:
+        for label, runs in fs["runs"].items():
+            for r in runs:
+                print(
+                    f"{fs['nodes']} nodes, {label}: warm-up {r['warm']} s, wall {r['wall']} s, "
+                    f"origin {r['origin_ratio']}x, modes {r['modes']}"
+                )
+        print(f"filling seed vs complete seed: {fs['speedup_warm']}x faster warm-up")
 
 
 if __name__ == "__main__":

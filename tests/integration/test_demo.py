@@ -43,7 +43,10 @@ def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
     s = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert s["model_bytes"] >= 32 * 1024**2
     cold, warm = s["readiness_seconds"]["cold"], s["readiness_seconds"]["warm"]
+    # The cold start is the fleet's first copy: no node holds the model, no peer helps.
     assert cold["weights_source"] == "origin" and cold["bytes_from_origin"] == s["model_bytes"]
+    assert cold["bytes_from_peer"] == 0
+    assert "no node holds the model yet" in " ".join(proc.stderr.split())
     assert warm["weights_source"] == "cache" and warm["bytes_from_origin"] == 0
     assert set(cold["stages"]) >= {"weights_ready", "runtime_started", "healthy"}
     # 32 MiB at 8 MiB/s: the cold download alone takes about 4 s.

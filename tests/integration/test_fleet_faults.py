@@ -1,6 +1,6 @@
 """Fleet faults on real processes: a changed origin, credentials in a failing origin's
 URL, unexpected errors in the reconcile loop, node loss during a rollout, an origin down
-during a scale-out.
+during a scale-out (with a peer holding the revision, and without one).
 
 Simulated engines at time-scale 0.01, the real router, real node stores on disk; HTTP
 origins are nginx on 127.0.0.1.
@@ -252,12 +252,13 @@ async def test_node_loss_during_rollout_completes_on_remaining_nodes(tmp_path: P
         )
 
 
-async def test_origin_down_during_scale_out_waits_then_starts(
+async def test_origin_down_scale_out_fills_from_the_peer_that_holds_the_revision(
     tmp_path: Path, web_root: Path
 ) -> None:
-    """A scale-out onto a cold node while the origin is down: the new replica waits,
-    its status says the origin fetch failed and when it retries, the serving replica is
-    untouched; once the origin is back the replica fetches from it and serves."""
+    """A scale-out onto a cold node while the origin is down: node a holds the revision,
+    so the new replica fills from a's peer server against the manifest the fleet pinned
+    (every byte verified), starts without the origin, and records ``peer`` bytes; the
+    serving replica is untouched."""
     model = make_model(web_root / "m1", size=1 * MB, shards=2, seed=14)
     port = free_port()
     spec = endpoint_spec(
@@ -273,6 +274,38 @@ async def test_origin_down_during_scale_out_waits_then_starts(
             await fleet.wait_until(lambda f: f.ready_count() == 1, 60, "one replica")
         # The origin is down now; the second replica can only go to the cold node b.
         await fleet.scale(2)
+        await fleet.wait_until(lambda f: f.ready_count() == 2, 60, "the scaled-out replica")
+        load = await run_load(fleet.router.url, requests=10, concurrency=2)
+        assert load.failed == 0
+        recs = [r for r in start_records(fleet.events.path) if r.node == "b"]
+        assert len(recs) == 1 and recs[0].failure is None
+        assert recs[0].weights_source == "peer" and not recs[0].cache_hit
+        assert recs[0].bytes_from["peer"] == model.size
+        assert recs[0].bytes_from.get("origin", 0) == 0
+        assert fleet.nodes["b"].cache.store.verify(quarantine=False).ok
+
+
+async def test_origin_down_scale_out_without_a_peer_holder_waits_for_the_origin(
+    tmp_path: Path, web_root: Path
+) -> None:
+    """The only node holding the revision is lost while the origin is down: its
+    replacement on a cold node has no peer to fill from, so it waits (status says the
+    origin fetch failed and when it retries) and starts from the origin once it is
+    back."""
+    model = make_model(web_root / "m1", size=1 * MB, shards=2, seed=15)
+    port = free_port()
+    spec = endpoint_spec(
+        "chat",
+        model.http_ref(f"http://127.0.0.1:{port}", web_root),
+        replicas=1,
+        max_replicas=2,
+        cache={"enabled": True, "nodes": ["a"]},
+    )
+    cluster = cluster_spec(tmp_path, ["a", "b"], slots=1)
+    async with LocalFleet(spec, cluster, tmp_path / "state") as fleet:
+        with nginx_origin(web_root, port=port):
+            await fleet.wait_until(lambda f: f.ready_count() == 1, 60, "one replica")
+        await fleet.fail_node("a")  # the origin is down and no up node holds the model
 
         def waiting(f: LocalFleet) -> dict[str, Any] | None:
             for r in f.status()["replicas"]:
@@ -284,11 +317,9 @@ async def test_origin_down_during_scale_out_waits_then_starts(
         rep = waiting(fleet)
         assert rep is not None and rep["phase"] == "starting" and "retrying in" in rep["detail"]
         assert f"127.0.0.1:{port}" in rep["detail"]
-        assert fleet.ready_count() == 1
-        load = await run_load(fleet.router.url, requests=10, concurrency=2)
-        assert load.failed == 0
+        assert fleet.ready_count() == 0
         with nginx_origin(web_root, port=port):
-            await fleet.wait_until(lambda f: f.ready_count() == 2, 60, "the scaled-out replica")
+            await fleet.wait_until(lambda f: f.ready_count() == 1, 60, "the replacement")
         recs = [r for r in start_records(fleet.events.path) if r.node == "b"]
         assert recs and recs[-1].weights_source == "origin" and recs[-1].failure is None
         assert recs[-1].bytes_from["origin"] == model.size

@@ -191,6 +191,10 @@ def test_three_agents_fetch_one_copy_from_the_origin_and_the_rest_from_peers(
         assert blobs <= set(status["peer"]["blobs"])
         line = f'preheat_warmup_bytes{{node="{n}",revision="{revision}",source="{rec["mode"]}"}}'
         assert world.agents[n].metric(line) == rec["bytesFrom"][rec["mode"]], line
+        other = "peer" if rec["mode"] == "origin" else "origin"
+        fetched = world.agents[n].metric
+        assert fetched(f'preheat_agent_bytes_fetched_total{{source="{rec["mode"]}"}}') == size
+        assert fetched(f'preheat_agent_bytes_fetched_total{{source="{other}"}}') == 0
     print(f"\nk8s peers: origin sent {sent} B for a {size} B model ({sent / size:.4f}x); "
           f"warm-ups {json.dumps(records, sort_keys=True)}")  # fmt: skip
     seed = next(n for n, r in records.items() if r and r["mode"] == "origin")

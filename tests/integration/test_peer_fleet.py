@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from preheat.control.spec import ClusterSpec, parse_cluster
 from preheat.runtime.local import LocalFleet
-from preheat.testing.fleet import endpoint_spec, make_model
+from preheat.testing.fleet import endpoint_spec, make_model, start_records
 from preheat.testing.origins import nginx_origin, origin_bytes_sent
 
 pytestmark = pytest.mark.timeout(120)
@@ -136,3 +136,65 @@ async def test_peers_off_is_todays_behaviour(tmp_path: Path) -> None:
         got = {n: fleet.origin_bytes[(n, rev)] for n in fleet.nodes}
         size = fleet.status()["variants"][0]["model_bytes"]
         assert got == dict.fromkeys(fleet.nodes, size)
+
+
+async def test_a_replica_on_a_cold_node_pulls_from_the_warm_peers(tmp_path: Path) -> None:
+    """Two target nodes warm (one origin copy); a third replica lands on the cold,
+    non-target node and pulls every byte from those peers: its start record says `peer`
+    (a cache miss) and the origin sent one copy in all."""
+    model = make_model(tmp_path / "origin" / "m", size=6 * MB, shards=2, seed=8)
+    access = tmp_path / "access.log"
+    with nginx_origin(tmp_path / "origin", access_log=access) as origin:
+        spec = endpoint_spec(
+            "chat",
+            model.http_ref(origin.base_url, tmp_path / "origin"),
+            replicas=3,
+            cache={"enabled": True, "nodes": ["n0", "n1"]},
+        )
+        cluster = _cluster(tmp_path, 3, origin={"bandwidth": "40MB/s"})
+        async with LocalFleet(spec, cluster, tmp_path / "state") as fleet:
+            await fleet.wait_until(lambda f: f.ready_count() == 3, 90, "three replicas")
+            recs = {r.node: r for r in start_records(fleet.events.path)}
+            assert recs["n2"].weights_source == "peer" and not recs["n2"].cache_hit, recs["n2"]
+            assert recs["n2"].bytes_from.get("peer") == model.size
+            assert recs["n2"].bytes_from.get("origin", 0) == 0
+            assert recs["n0"].weights_source == recs["n1"].weights_source == "cache"
+        assert model.size <= origin_bytes_sent(access) <= model.size * 1.01
+
+
+async def test_receivers_fetch_from_a_seed_that_is_still_filling(tmp_path: Path) -> None:
+    """Three nodes warm at once: the two receivers take the seed's landed pieces while
+    its origin fill is still running (peer servers send bytes before any node is warm),
+    and the origin sends one copy in all."""
+    model = make_model(tmp_path / "origin" / "m", size=40 * MB, shards=1, seed=9)
+    access = tmp_path / "access.log"
+    with nginx_origin(tmp_path / "origin", access_log=access) as origin:
+        spec = endpoint_spec(
+            "chat", model.http_ref(origin.base_url, tmp_path / "origin"), cache={"enabled": True}
+        )
+        cluster = _cluster(tmp_path, 3, origin={"bandwidth": "10MB/s"})
+        async with LocalFleet(spec, cluster, tmp_path / "state") as fleet:
+            await fleet.wait_until(lambda f: f.status()["variants"][0]["revision"], 30, "resolve")
+            rev = fleet.status()["variants"][0]["revision"]
+            peers = fleet.warmer.peers
+            assert peers is not None
+            early: list[int] = []
+
+            def served_early(f: LocalFleet) -> bool:
+                if any(
+                    n["cache"].get(rev, {}).get("state") == "ready" for n in f.status()["nodes"]
+                ):
+                    return True
+                sent = sum(s.bytes_served for n in f.nodes if (s := peers.server(n)) is not None)
+                if sent:
+                    early.append(sent)
+                return bool(sent)
+
+            await fleet.wait_until(served_early, 60, "a first piece served or a node warm")
+            assert early, "no peer served a byte before the seed finished"
+            await fleet.wait_until(lambda f: _all_ready(f, rev), 60, "every node warm")
+            await fleet.wait_until(lambda f: len(f.status()["warmups"]) == 3, 10, "records")
+            modes = sorted(w["mode"] for w in fleet.status()["warmups"])
+            assert modes == ["origin", "peer", "peer"], fleet.status()["warmups"]
+            assert fleet.fetched_bytes(rev) == model.size
+        assert model.size <= origin_bytes_sent(access) <= model.size * 1.01

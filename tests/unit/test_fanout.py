@@ -122,6 +122,18 @@ def test_running_fill_keeps_its_slot_and_others_wait() -> None:
     assert plan_fanout(req[1:], seeded, [], Budget())[("b", "r")] is Mode.PEER
 
 
+def test_receivers_take_a_filling_seed_as_their_source() -> None:
+    """With the seed's origin fill named in ``filling``, the other nodes go to peers at
+    once instead of waiting for it to finish; a blob nobody fills still waits."""
+    req = [WarmRequest(n, "r", frozenset({"x"})) for n in "abc"]
+    none: dict[str, frozenset[str]] = dict.fromkeys("abc", frozenset())
+    out = plan_fanout(req, none, [("a", "r")], Budget(), filling={"a": frozenset({"x"})})
+    assert out == {("a", "r"): Mode.ORIGIN, ("b", "r"): Mode.PEER, ("c", "r"): Mode.PEER}
+    other = [WarmRequest("b", "r", frozenset({"x", "y"}))]
+    out = plan_fanout(other, none, [("a", "r")], Budget(), filling={"a": frozenset({"x"})})
+    assert out == {("b", "r"): Mode.WAIT}
+
+
 def test_budget_rejects_nonsense() -> None:
     """A zero fill count or bandwidth is refused with the bad value named."""
     with pytest.raises(ValueError, match="concurrent_fills 0"):

@@ -3,8 +3,10 @@
 1. Generate a sample model (safetensors shards of random bytes) and a second revision
    that changes one shard, served by a local HTTP origin (Range requests); every node
    downloads from it at a limited bandwidth, like a remote bucket.
-2. A 3-node local fleet starts one replica *without* the cache: it downloads the model
-   itself (cold start).
+2. A 3-node local fleet starts one replica *without* the cache on a fleet where no node
+   holds the model yet: with no peer to fill from, it downloads the model from the
+   origin itself (a real cold start; a cold replica reads from peers once any node holds
+   the revision, see docs/peers.md).
 3. The cache is switched on: target nodes are warmed, the gate opens, and a scale-out
    lands on warm nodes (warm starts). Readiness per stage, cold vs warm.
 4. A version change: the new revision is warmed (only the changed shard moves), replicas
@@ -231,6 +233,7 @@ def _stages(rec: StartRecord) -> dict[str, Any]:
         "event_class": rec.event_class.value,
         "weights_source": rec.weights_source,
         "bytes_from_origin": rec.bytes_from.get("origin", 0),
+        "bytes_from_peer": rec.bytes_from.get("peer", 0),
         "ready": round(rec.ready_seconds or 0.0, 3),
         "first_response": round((rec.first_response or rec.scheduled) - rec.scheduled, 3),
         "stages": {k: round(v, 3) for k, v in rec.stage_durations().items()},
@@ -294,7 +297,8 @@ async def run_demo(
         model_bytes = 0
 
         say(
-            f"[2/6] no cache: one replica downloads the model from the origin itself ({format_size(bandwidth)}/s per node)"
+            "[2/6] no cache, and no node holds the model yet (no peer to fill from): one replica "
+            f"downloads it from the origin itself, a real cold start ({format_size(bandwidth)}/s per node)"
         )
         await wait_view(fleet, "cold start", lambda f: f.ready_count() == 1, 600)
         model_bytes = fleet.status()["variants"][0]["model_bytes"]
@@ -439,10 +443,12 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     t.add_column("start")
     t.add_column("node")
     t.add_column("from origin", justify="right")
+    t.add_column("from peers", justify="right")
     for st in short:
         t.add_column(st, justify="right")
     t.add_column("ready", justify="right", style="bold")
-    for label, key in (("cold (no cache)", "cold"), ("warm", "warm"), ("new node", "new_node")):
+    cold = "cold (no cache, no peer)"
+    for label, key in ((cold, "cold"), ("warm", "warm"), ("new node", "new_node")):
         r = rs.get(key)
         if not r:
             continue
@@ -450,6 +456,7 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             label,
             r["node"],
             format_size(r["bytes_from_origin"]),
+            format_size(r.get("bytes_from_peer", 0)),
             *(f"{r['stages'].get(st, 0):.2f}" for st in stages),
             f"{r['ready']:.2f}",
         )

@@ -6,16 +6,18 @@ bytes can carry most of it (Dragonfly's back-to-source seed plus piece exchange,
 Spegel's node-local mirrors). The planner here decides, for every pending warm-up:
 
 ``PEER``
-    Every blob the node lacks has a *complete* holder among the other up nodes: the
-    node fetches its pieces from peers (several at once, ranked by ``rank_peers``). A
-    peer that fails or serves wrong bytes costs a retry from another peer, then the
-    origin (``sources.peer``), never a failed warm-up.
+    Every blob the node lacks has a *complete* holder among the other up nodes, or a
+    *filling seed* (``filling``: an up node whose origin fill of that blob is running):
+    the node fetches its pieces from peers (several at once, ranked by ``rank_peers``),
+    waiting for a seed's pieces to land (``sources.peer``: the origin only if the seed
+    stalls). A peer that fails or serves wrong bytes costs a retry from another peer,
+    then the origin, never a failed warm-up.
 ``ORIGIN``
     Some blob has no complete holder and the **cluster-wide origin budget** has room:
     the node fills from the origin (pieces that peers do hold still come from peers).
 ``WAIT``
-    The budget is spent: the node waits for a seed to finish (then it becomes ``PEER``)
-    or for an origin slot (a seed that failed frees its slot, so nobody waits forever).
+    The budget is spent and no seed fills what the node lacks: the node waits for a
+    holder or seed (then it becomes ``PEER``) or for an origin slot (a seed that failed frees its slot, so nobody waits forever).
 
 The budget (``Budget``): ``concurrent_fills`` origin fills at once over the cluster;
 ``None`` (the default, no budget configured) means one origin fill per revision, so N
@@ -91,13 +93,17 @@ def plan_fanout(
     complete: Mapping[str, frozenset[str]],
     running: Iterable[tuple[str, str]],
     budget: Budget,
+    filling: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[tuple[str, str], Mode]:
     """``(node, revision) -> Mode`` for each request.
 
-    ``complete``: up node -> the blobs it holds complete and verified (the only holders
-    that count for ``PEER``); ``running``: (node, revision) of origin fills in flight,
-    which keep their slot (a request among them stays ``ORIGIN``).
+    ``complete``: up node -> the blobs it holds complete and verified; ``filling``: up
+    node -> the blobs its running origin fill is fetching (a seed that serves the pieces
+    it has landed); a blob counts for ``PEER`` when another node holds or fills it.
+    ``running``: (node, revision) of origin fills in flight, which keep their slot (a
+    request among them stays ``ORIGIN``).
     """
+    filling = filling or {}
     running = sorted(set(running))
     per_revision: dict[str, int] = {}
     for _, rev in running:
@@ -112,6 +118,7 @@ def plan_fanout(
             out[key] = Mode.ORIGIN
             continue
         others = [blobs for node, blobs in complete.items() if node != req.node]
+        others += [blobs for node, blobs in filling.items() if node != req.node]
         if all(any(d in blobs for blobs in others) for d in req.missing):
             out[key] = Mode.PEER
             continue

@@ -7,22 +7,31 @@ it pinned; applying the spec again picks the new revision up). A node's download
 limited to its ``origin_bandwidth`` (from the origin and from peers: one link). A warm-up
 admitted to the fleet's fan-out (``runtime.peering``) fills piece by piece, from peers
 first, with the origin budget's shared token bucket on origin bytes.
+
+A pull the fan-out sent to peers (every blob it lacks is held or being filled by
+another node) may be given the revision's ``Resolution`` as the fleet pinned it: when
+the origin cannot be reached (``OriginUnavailable``, even to resolve), the pull fills
+from peers against that pinned manifest, every byte verified as from any origin. A
+reachable origin that now serves another revision is still ``RevisionChanged``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from preheat.control.spec import NodeSpec
-from preheat.errors import ControlError, SnapshotNotFound
-from preheat.sources.base import open_source
+from preheat.errors import ControlError, OriginUnavailable, SnapshotNotFound
+from preheat.sources.base import Resolution, open_source
 from preheat.sources.peer import PeerFill
 from preheat.sources.pieces import PIECE_SIZE
 from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
+from preheat.store.pull import PullOptions
+from preheat.store.results import PullResult
 from preheat.store.store import NodeStore
 
 __all__ = ["NodeCache", "PullOutcome", "resolve_source"]
@@ -113,13 +122,15 @@ class NodeCache:
         progress: Callable[[int, int], None] | None = None,
         peers: PeerFill | None = None,
         origin_limiter: RateLimiter | None = None,
+        pinned: Resolution | None = None,
     ) -> PullOutcome:
         """Fill ``revision`` from ``source``; concurrent pulls of one revision share a
-        fill. With ``peers`` the fill takes pieces from peers first (``sources.peer``)."""
+        fill. With ``peers`` the fill takes pieces from peers first (``sources.peer``);
+        with ``pinned`` too, an unreachable origin leaves the peers (module docstring)."""
         task = self._pulls.get(revision)
         if task is None or task.done():
             task = asyncio.create_task(
-                self._pull(source, revision, progress, peers, origin_limiter)
+                self._pull(source, revision, progress, peers, origin_limiter, pinned)
             )
             self._pulls[revision] = task
         return await asyncio.shield(task)
@@ -131,18 +142,30 @@ class NodeCache:
         progress: Callable[[int, int], None] | None,
         peers: PeerFill | None,
         origin_limiter: RateLimiter | None,
+        pinned: Resolution | None,
     ) -> PullOutcome:
         # The store resolves first and refuses (RevisionChanged) before any byte moves
         # when the origin no longer serves the pinned revision.
-        result = await self.store.apull(
-            source,
-            rate_limit=self.spec.origin_bandwidth,
-            progress=progress,
-            revision=revision,
-            peers=peers,
-            origin_limiter=origin_limiter,
-            chunk=PIECE_SIZE if peers is not None else DEFAULT_CHUNK,
-        )
+        chunk = PIECE_SIZE if peers is not None else DEFAULT_CHUNK
+        try:
+            result = await self.store.apull(
+                source,
+                rate_limit=self.spec.origin_bandwidth,
+                progress=progress,
+                revision=revision,
+                peers=peers,
+                origin_limiter=origin_limiter,
+                chunk=chunk,
+            )
+        except OriginUnavailable:
+            if peers is None or pinned is None or pinned.revision != revision:
+                raise
+            if pinned.ref.scheme == "oci":  # its layer listings live in the store's binding
+                raise
+            opts = PullOptions(
+                self.spec.origin_bandwidth, 8, progress, chunk, peers, origin_limiter
+            )
+            result = await self._pull_pinned(pinned, opts)
         return PullOutcome(
             result.snapshot,
             result.manifest_digest,
@@ -151,6 +174,20 @@ class NodeCache:
             result.seconds,
             bytes_from_peers=peers.peer_bytes if peers is not None else 0,
         )
+
+    async def _pull_pinned(self, pinned: Resolution, opts: PullOptions) -> PullResult:
+        """Fill the pinned resolution (the origin is down; peers hold or seed its blobs).
+        ``Puller._pull_resolved`` is the store's fill after its resolve step, as
+        ``images.cache`` uses it; any piece no peer delivers still goes to the origin."""
+        opts.check()
+        src = open_source(pinned.ref, connections=opts.connections)
+        try:
+            puller = self.store._puller
+            return await puller._pull_resolved(
+                pinned.ref, pinned, src, time.monotonic(), opts, None
+            )
+        finally:
+            await src.aclose()
 
     def lease(self, revision: str, holder: str) -> tuple[str, str]:
         digest = self.store.snapshot_path(revision).name

@@ -7,10 +7,16 @@ for each piece (``candidates``, the ``sources.peer.PeerDirectory`` protocol):
   127.0.0.1 (its own port), started with the first warm-up; the **cluster token** is
   drawn at random when the fleet starts and held in memory only (never on a command
   line, in the fleet log, status or a metric);
-- ``admit`` waits until ``control.fanout.plan_fanout`` gives the warm-up ``origin`` (a
+- ``admit`` waits until ``control.fanout.plan_fanout`` gives the pull ``origin`` (a
   slot of the cluster-wide origin budget) or ``peer`` (every blob it lacks is complete
-  on another up node), and hands back the ``PeerFill`` for it; an origin fill keeps
-  its slot until ``release``;
+  on another up node, or being filled from the origin by one: a *seed*), and hands back
+  the ``PeerFill`` for it; an origin fill keeps its slot until ``release``. Warm-ups
+  and a replica's own pull on a cold node are admitted alike: a cold replica fills from
+  peers first and takes an origin slot only when no node holds or seeds the revision;
+- a ``peer`` fill waits for a seed's pieces to land (``seed_progress``; the origin
+  only for pieces of a seed that lands nothing for ``seed_stall`` seconds) and carries
+  the revision's ``Resolution`` as first resolved (``Admission.pinned``), so it can
+  complete from peers while the origin is down (``runtime.nodestore``);
 - ``candidates`` ranks the up nodes that hold a piece (published blob, or a verified
   piece of a fill in progress) with ``control.fanout.rank_peers``: least busy serving
   first; a peer that served bytes failing verification is avoided for the fleet's life;
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from preheat.control.fanout import Budget, Candidate, Mode, WarmRequest, plan_fanout, rank_peers
-from preheat.sources.base import open_source
+from preheat.sources.base import Resolution, open_source
 from preheat.sources.peer import PeerClient, PeerFill
 from preheat.sources.pieces import PieceBook
 from preheat.store.fill import RateLimiter
@@ -42,15 +48,23 @@ __all__ = ["Admission", "FleetPeers", "resolve_blobs"]
 _POLL = 0.25  # seconds between looks while a warm-up waits for a seed or a slot
 
 
+async def _resolve(source: str) -> Resolution:
+    src = open_source(source)
+    try:
+        return await src.resolve()
+    finally:
+        await src.aclose()
+
+
+def _digests(res: Resolution) -> frozenset[str]:
+    return frozenset(f.sha256 for f in res.manifest.files if f.sha256 is not None)
+
+
 async def resolve_blobs(source: str) -> tuple[str, frozenset[str]]:
     """The revision ``source`` names now and the sha256 digests of the blobs its manifest
     lists (the blobs a peer may serve; files without a sha256 come from the origin only)."""
-    src = open_source(source)
-    try:
-        res = await src.resolve()
-    finally:
-        await src.aclose()
-    return res.revision, frozenset(f.sha256 for f in res.manifest.files if f.sha256 is not None)
+    res = await _resolve(source)
+    return res.revision, _digests(res)
 
 
 @dataclass
@@ -66,6 +80,8 @@ class Admission:
     mode: Mode
     fill: PeerFill
     origin_limiter: RateLimiter | None
+    #: The revision as first resolved, for a ``peer`` fill (None for an origin fill).
+    pinned: Resolution | None = None
 
 
 class FleetPeers:
@@ -76,8 +92,15 @@ class FleetPeers:
         budget: Budget,
         nodes: Callable[[], dict[str, tuple[Layout, bool]]],
         say: Callable[[str], None],
+        *,
+        seed_stall: float = 20.0,
     ) -> None:
         self.budget = budget
+        #: Seconds a ``peer`` fill waits for a seed that lands no piece (then: origin).
+        self.seed_stall = seed_stall
+        #: Whether a seed still filling counts as a source (False: receivers wait for a
+        #: complete holder, as before; ``benchmarks/peer_warmup.py`` compares the two).
+        self.seed_sources = True
         self._nodes = nodes
         self._say = say
         self._token = secrets.token_urlsafe(32)
@@ -86,6 +109,9 @@ class FleetPeers:
         self._running: set[tuple[str, str]] = set()
         self._pending: dict[tuple[str, str], frozenset[str]] = {}
         self._blobs: dict[str, frozenset[str]] = {}
+        self._resolutions: dict[str, Resolution] = {}
+        #: (node, revision) of origin fills running -> the blobs they fetch (seeds).
+        self._filling: dict[tuple[str, str], frozenset[str]] = {}
         self._changed = asyncio.Event()
         self._start_lock = asyncio.Lock()
         #: peer -> why it is avoided (it served bytes that failed verification).
@@ -121,8 +147,20 @@ class FleetPeers:
         """The sha256 digests a revision's manifest lists (resolved once per revision)."""
         known = self._blobs.get(revision)
         if known is None:
-            known = self._blobs[revision] = (await resolve_blobs(source))[1]
+            res = await _resolve(source)
+            if res.revision == revision:
+                self._resolutions[revision] = res
+            known = self._blobs[revision] = _digests(res)
         return known
+
+    def _seeds(self) -> dict[str, frozenset[str]]:
+        """Up node -> the blobs its running origin fills fetch."""
+        nodes = self._nodes()
+        out: dict[str, frozenset[str]] = {}
+        for (name, _), blobs in self._filling.items():
+            if name in nodes and nodes[name][1]:
+                out[name] = out.get(name, frozenset()) | blobs
+        return out
 
     def _complete(self, digests: frozenset[str]) -> dict[str, frozenset[str]]:
         out = {}
@@ -145,13 +183,26 @@ class FleetPeers:
                 self._pending[key] = missing
                 requests = [WarmRequest(n, r, m) for (n, r), m in self._pending.items()]
                 wanted = frozenset().union(*self._pending.values())
-                plan = plan_fanout(requests, self._complete(wanted), self._running, self.budget)
+                seeds = self._seeds() if self.seed_sources else None
+                plan = plan_fanout(
+                    requests, self._complete(wanted), self._running, self.budget, seeds
+                )
                 mode = plan[key]
                 if mode is Mode.ORIGIN:
                     self._running.add(key)
+                    self._filling[key] = missing
                 if mode is not Mode.WAIT:
-                    fill = PeerFill(self._client, self, node, self._members[node].book)
-                    return Admission(mode, fill, self.origin_limiter)
+                    peer = mode is Mode.PEER
+                    fill = PeerFill(
+                        self._client,
+                        self,
+                        node,
+                        self._members[node].book,
+                        wait_for_seeds=peer,
+                        seed_stall=self.seed_stall,
+                    )
+                    pinned = self._resolutions.get(revision) if peer else None
+                    return Admission(mode, fill, self.origin_limiter, pinned)
                 on_wait(
                     "waiting for a peer to hold the model or an origin slot "
                     f"({len(self._running)} origin fill(s) running)"
@@ -162,16 +213,10 @@ class FleetPeers:
         finally:
             self._pending.pop(key, None)
 
-    async def fill_for(self, node: str) -> PeerFill:
-        """The peer side of a pull into ``node`` outside the fan-out (a replica's own pull
-        on a cold node): pieces that peers hold come from them, the rest from the origin;
-        it takes no origin slot (the replica is waiting for its weights)."""
-        await self.ensure_servers()
-        return PeerFill(self._client, self, node, self._members[node].book)
-
     def release(self, node: str, revision: str) -> None:
         """A warm-up ended (either way): its origin slot, if any, is free again."""
         self._running.discard((node, revision))
+        self._filling.pop((node, revision), None)
         self._changed.set()
 
     def wake(self) -> None:
@@ -195,6 +240,21 @@ class FleetPeers:
                 found.append(Candidate(name, m.server.serving, False))
         ranked = rank_peers(found, f"{digest}:{index}", frozenset(self.avoided))
         return [(n, self._members[n].server.url) for n in ranked]
+
+    def seed_progress(self, digest: str, receiver: str) -> dict[str, int]:
+        """``sources.peer.SeedDirectory``: up nodes filling ``digest`` from the origin now
+        (not yet published there), each with its pieces landed so far."""
+        nodes = self._nodes()
+        out: dict[str, int] = {}
+        for name, blobs in self._seeds().items():
+            m = self._members.get(name)
+            if name == receiver or m is None or digest not in blobs:
+                continue
+            if nodes[name][0].blob(digest).exists():
+                continue  # published: a complete holder (``candidates``)
+            partial = m.book.get(digest)
+            out[name] = len(partial.verified) if partial is not None else 0
+        return out
 
     def avoid(self, peer: str, why: str) -> None:
         if peer not in self.avoided:

@@ -256,9 +256,11 @@ class Supervisor:
                 if snap is None:
                     weights_source = "origin"
                     r.weights_source = "origin"
-                    r.detail = "fetching weights from origin (cold node)"
+                    r.detail = "fetching weights (cold node): from peers, else the origin"
                     outcome = await self.warmer.pull_for_replica(r, node)
-                    bytes_from = {"origin": outcome.bytes_fetched, "cache": outcome.bytes_reused}
+                    bytes_from = outcome.bytes_from
+                    if bytes_from["peer"] and not bytes_from["origin"]:
+                        weights_source = r.weights_source = "peer"
                     snap = outcome.snapshot
                 else:
                     bytes_from = {"cache": st.rv(r.revision).model_bytes}

@@ -8,16 +8,20 @@ total), ``ready`` once the snapshot is published (pinned if the spec says so),
 again, ``unfit`` with the numbers when the node's disk cannot hold the model.
 
 A replica on a cold node pulls the revision itself (``pull_for_replica``): it shares a
-warm-up already running there and otherwise retries an unreachable origin with the same
-backoff, the reason in the replica's ``detail``, until it is stopped.
+warm-up already running there and otherwise retries a failed pull (an unreachable
+origin with no peer holding the revision) with the same backoff, the reason in the
+replica's ``detail``, until it is stopped.
 
-Warm-ups are a fan-out (``runtime.peering``, ``control.fanout``; on unless the cluster
-file says ``peers: {enabled: false}``): a warm-up first waits for its turn (an origin
-slot of the cluster-wide budget, or a peer that holds every blob it lacks; its view
-says so), then fills piece by piece from peers first. Each finished warm-up is a
-``WarmupRecord`` (seconds, ``bytes_from`` per source) in ``FleetState.warmups``; origin
-bytes per (node, revision) stay in ``FleetState.origin_bytes``. A replica's own pull on
-a cold node (``pull_for_replica``) fetches from the origin as before.
+Pulls are a fan-out (``runtime.peering``, ``control.fanout``; on unless the cluster
+file says ``peers: {enabled: false}``): a warm-up, and a replica's own pull on a cold
+node alike, first waits for its turn (an origin slot of the cluster-wide budget, or
+peers that hold or are seeding every blob it lacks; the view and the replica's detail
+say so), then fills piece by piece from peers first, the origin last. A cold replica
+therefore reads from the origin only when no other up node holds or seeds the
+revision (the fleet's first copy), and completes from peers while the origin is down.
+Each finished warm-up is a ``WarmupRecord`` (seconds, ``bytes_from`` per source) in
+``FleetState.warmups``; origin bytes per (node, revision) stay in
+``FleetState.origin_bytes``.
 
 The endpoint's container images (``modelCacheConfig.image.enabled``) are pre-pulled
 beside the weights by ``runtime.image_warmup.ImageWarmer`` (``Warmer.images``); they
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
@@ -112,9 +117,17 @@ class Warmer:
             await self.peers.aclose()
         await self.images.stop()
 
-    async def pull(self, node: Node, revision: str, *, fan_out: bool = False) -> PullOutcome:
+    async def pull(
+        self,
+        node: Node,
+        revision: str,
+        *,
+        fan_out: bool = False,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> PullOutcome:
         """Pull ``revision`` into ``node``; updates the node's cache view either way.
-        With ``fan_out`` (warm-ups) it waits for its turn and uses peers."""
+        With peers on it waits for its turn in the fan-out (``on_wait`` hears why) and
+        uses peers; ``fan_out`` (a warm-up) also records a ``WarmupRecord``."""
         st = self.state
         rv = st.rv(revision)
         node.views[revision] = cache_view(WarmState.WARMING)
@@ -125,10 +138,12 @@ class Warmer:
 
         def waiting(why: str) -> None:
             node.views[revision] = cache_view(WarmState.WARMING, reason=why)
+            if on_wait is not None:
+                on_wait(why)
 
         admission = None
         try:
-            if fan_out and self.peers is not None:
+            if self.peers is not None:
                 admission = await self.peers.admit(node.name, revision, rv.source, waiting)
                 node.views[revision] = cache_view(WarmState.WARMING)
             outcome = await node.cache.pull(
@@ -137,6 +152,7 @@ class Warmer:
                 progress=progress,
                 peers=admission.fill if admission is not None else None,
                 origin_limiter=self.origin_limiter,
+                pinned=admission.pinned if admission is not None else None,
             )
         except InsufficientSpace as exc:
             why = redact_url(str(exc))
@@ -162,6 +178,13 @@ class Warmer:
             if admission is not None and self.peers is not None:
                 self.peers.release(node.name, revision)
         node.warm_failures.pop(revision, None)
+        if admission is not None and (admission.fill.peer_failures or admission.fill.seed_stalls):
+            fill = admission.fill
+            st.say(
+                f"pull of {revision[:12]} on {node.name}: {fill.peer_failures} peer "
+                f"failure(s), {fill.seed_stalls} piece(s) after a stalled seed, taken from "
+                "another peer or the origin"
+            )
         # The node's last warm-up now succeeded: its failure is history (said above).
         node.last_failure = None
         bytes_from = outcome.bytes_from
@@ -209,8 +232,8 @@ class Warmer:
         )
 
     async def pull_for_replica(self, r: Replica, node: Node) -> PullOutcome:
-        """A replica on a cold node fetches the revision from the origin itself, waiting
-        out an unreachable origin (status shows why) until the replica is stopped."""
+        """A replica on a cold node fetches the revision itself (peers first, then the
+        origin), waiting out a failed pull (status shows why) until the replica is stopped."""
         # Share a warm-up that is already running on this node.
         task = node.warm_tasks.get(r.revision)
         if task is not None and not task.done():
@@ -219,8 +242,12 @@ class Warmer:
                 await asyncio.shield(task)
         attempt = 0
         while True:
+
+            def waiting(why: str) -> None:
+                r.detail = why
+
             try:
-                return await self.pull(node, r.revision)
+                return await self.pull(node, r.revision, on_wait=waiting)
             except InsufficientSpace:
                 raise
             except (FetchError, PreheatError, OSError) as exc:

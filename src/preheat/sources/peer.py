@@ -15,6 +15,12 @@ fetches the piece from the first that delivers it:
   is skipped for this blob; then the next peer is tried, then the origin;
 - a verified piece is recorded in the node's ``PieceBook``, so this node serves it to
   other peers while its own fill runs;
+- with ``wait_for_seeds`` (a fill the fan-out sent to peers, ``control.fanout``), a
+  piece no peer holds yet while a *seed* fills the blob from the origin (the directory's
+  ``seed_progress``) is waited for: the fill polls until the seed lands it, and goes to
+  the origin for it only when the seed lands no piece of the blob for ``seed_stall``
+  seconds (``seed_stalls`` counts those pieces) or stops filling (failed, lost). An
+  origin fill never waits (seeds never wait on each other);
 - the blob is still checked against the manifest's sha256 at the end (``store.fill``),
   as from any origin: a mismatch there makes every peer that supplied the list or a
   piece of it avoided (``blob_failed``), and the next attempt uses the origin.
@@ -44,7 +50,7 @@ from preheat.sources.pieces import PieceBook, blob_path, piece_count
 if TYPE_CHECKING:
     from preheat.store.fill import FillContext
 
-__all__ = ["PeerClient", "PeerDirectory", "PeerFill", "PieceMismatch"]
+__all__ = ["PeerClient", "PeerDirectory", "PeerFill", "PieceMismatch", "SeedDirectory"]
 
 
 class PieceMismatch(ValueError):
@@ -62,6 +68,19 @@ class PeerDirectory(Protocol):
     def avoid(self, peer: str, why: str) -> None:
         """Stop using ``peer`` (it served bytes that failed verification)."""
         ...
+
+
+class SeedDirectory(PeerDirectory, Protocol):
+    """A directory that also knows which nodes are filling a blob from the origin."""
+
+    def seed_progress(self, digest: str, receiver: str) -> dict[str, int]:
+        """The up nodes (not ``receiver``) filling ``digest`` from the origin now, each
+        with the number of its pieces landed so far (empty: nobody is filling it)."""
+        ...
+
+
+#: Seconds between looks while a piece waits for a seed.
+SEED_POLL = 0.1
 
 
 class PeerClient:
@@ -133,6 +152,11 @@ class PeerFill:
     peer_bytes: int = 0
     bad_pieces: int = 0
     peer_failures: int = 0
+    #: Wait for a seed's pieces (a fill the fan-out sent to peers), up to ``seed_stall``
+    #: seconds without progress; ``seed_stalls``: pieces that went to the origin instead.
+    wait_for_seeds: bool = False
+    seed_stall: float = 20.0
+    seed_stalls: int = 0
     _lists: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     _failed: dict[str, set[str]] = field(default_factory=dict)
     _sources: dict[str, set[str]] = field(default_factory=dict)
@@ -151,30 +175,22 @@ class PeerFill:
         """Fill piece ``index`` ([start, end)) of the blob ``digest``: from peers when one
         holds it and delivers verified bytes, else through ``origin()``."""
         if digest is not None and prog.filled[index] == 0:
-            failed = self._failed.setdefault(digest, set())
-            for name, base in self.directory.candidates(digest, index, self.receiver):
-                if name in failed:
-                    continue
-                digests = await self._digests(digest, prog.size, prog.chunk, name, base)
-                if digests is not None and not digests[index]:
-                    continue  # a seed filling from the origin has not landed this piece
-                if digests is None:
-                    self.peer_failures += 1
-                    failed.add(name)
-                    continue
-                try:
-                    await self._from_peer(ctx, prog, fd, index, start, end, digest, digests, base)
-                except PieceMismatch as exc:
-                    self.bad_pieces += 1
-                    failed.add(name)
-                    self.directory.avoid(name, str(exc))
-                    continue
-                except (aiohttp.ClientError, TimeoutError, ConnectionError, _PeerRefused):
-                    self.peer_failures += 1
-                    failed.add(name)
-                    continue
-                self._sources.setdefault(digest, set()).add(name)
-                return
+            seeds = getattr(self.directory, "seed_progress", None)
+            loop = asyncio.get_running_loop()
+            last, since = -1, loop.time()
+            while True:
+                seen = self._seeds(seeds, digest) if self.wait_for_seeds else None
+                if await self._from_peers(ctx, prog, fd, index, start, end, digest):
+                    return
+                if seen is None:
+                    break  # nobody is filling it: the origin serves this piece
+                now = loop.time()
+                if seen != last:
+                    last, since = seen, now
+                elif now - since > self.seed_stall:
+                    self.seed_stalls += 1
+                    break  # the seed stalled: this piece comes from the origin
+                await asyncio.sleep(SEED_POLL)
         await origin()
         if digest is not None and prog.filled[index] >= end - start:
             # served to peers while this fill runs (pieces.PieceBook.landed)
@@ -182,6 +198,44 @@ class PeerFill:
                 ctx.executor, _hash_range, fd, start, end
             )
             self.book.landed(digest, prog.size, prog.chunk, index, landed)
+
+    def _seeds(self, seeds: Any, digest: str) -> int | None:
+        """Pieces landed by the seeds of ``digest`` this fill may still use (None: none)."""
+        if seeds is None:
+            return None
+        failed = self._failed.get(digest, set())
+        live = {n: k for n, k in seeds(digest, self.receiver).items() if n not in failed}
+        return sum(live.values()) if live else None
+
+    async def _from_peers(
+        self, ctx: FillContext, prog: Any, fd: int, index: int, start: int, end: int, digest: str
+    ) -> bool:
+        """Piece ``index`` from the first peer that holds it and delivers verified bytes."""
+        failed = self._failed.setdefault(digest, set())
+        for name, base in self.directory.candidates(digest, index, self.receiver):
+            if name in failed:
+                continue
+            digests = await self._digests(digest, prog.size, prog.chunk, name, base)
+            if digests is not None and not digests[index]:
+                continue  # a seed filling from the origin has not landed this piece
+            if digests is None:
+                self.peer_failures += 1
+                failed.add(name)
+                continue
+            try:
+                await self._from_peer(ctx, prog, fd, index, start, end, digest, digests, base)
+            except PieceMismatch as exc:
+                self.bad_pieces += 1
+                failed.add(name)
+                self.directory.avoid(name, str(exc))
+                continue
+            except (aiohttp.ClientError, TimeoutError, ConnectionError, _PeerRefused):
+                self.peer_failures += 1
+                failed.add(name)
+                continue
+            self._sources.setdefault(digest, set()).add(name)
+            return True
+        return False
 
     async def _digests(
         self, digest: str, size: int, chunk: int, name: str, base: str

@@ -14,7 +14,8 @@
   ``agent_peers_slots``) or wait. An origin fill writes its NodeCache status (the blobs
   it now serves) before it frees its slot, so the waiting agents become ``peer``.
 - **Telemetry**: a ``WarmupRecord`` per warm-up (``bytes_from`` origin/peer/cache) in
-  ``status.warmups`` and ``/metrics`` (``preheat_warmup_bytes{node,revision,source}``).
+  ``status.warmups`` and ``/metrics`` (``preheat_warmup_bytes{node,revision,source}``,
+  and the peer part of ``preheat_agent_bytes_fetched_total{source}``, ``agent_metrics``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from preheat.control.fanout import (
     slot_holders,
 )
 from preheat.runtime.kubernetes.agent_config import describe_error
+from preheat.runtime.kubernetes.agent_metrics import fetched_bytes
 from preheat.runtime.kubernetes.agent_peers_config import (
     SETTINGS_KEY,
     PeerConfig,
@@ -121,6 +123,8 @@ class AgentPeers:
         self.records: dict[tuple[str, str], WarmupRecord] = {}
         self.origin_bytes: dict[tuple[str, str], int] = {}
         registry.register(WarmupCollector(lambda: self.records, lambda: self.origin_bytes))
+        #: ``preheat_agent_bytes_fetched_total{source}``: told the peer part of each pull.
+        self.fetched = fetched_bytes(registry)
 
     @property
     def url(self) -> str:
@@ -261,4 +265,6 @@ class AgentPeers:
             {k: v for k, v in bytes_from.items() if v},
         )  # fmt: skip
         self.origin_bytes[key] = self.origin_bytes.get(key, 0) + origin
+        if self.fetched is not None:
+            self.fetched.peer(peer_bytes)
         log.info("warm-up of %s: %s, %s", res.revision[:12], kind, bytes_from)
