@@ -1,13 +1,17 @@
 """Capacity planning with the cold-start simulator: 100 nodes, 20 models of 15-600 GB.
 
 Two questions, on the fleet of ``benchmarks/sim_coldstart_models.yaml`` (Zipf(1.0)
-popularity, 2.5 TB of models), diurnal demand peaking at 80 % of the fleet, 40 Gbps of
-origin bandwidth shared by all downloads, 25 Gbps per node, one replica per node:
+popularity, 2.5 TB of models, three serving images of 1-12 GB), diurnal demand peaking
+at 80 % of the fleet, 40 Gbps of origin bandwidth shared by all downloads, 10 Gbps of
+registry bandwidth shared by all image pulls, 25 Gbps per node, one replica per node,
+replica crashes (a mean of 7 days per replica, restarted in place) and a request queue
+of 256 per model:
 
 1. Readiness p99 of scale-out starts with no cache vs each cache policy (at one NVMe
    size, ``--nvme``), peers off and on.
 2. The smallest per-node NVMe size (of ``--sizes``) at which the cache-miss share of all
-   starts stays under 5 %, for ``warm-all`` and ``lru``, peers off and on.
+   starts stays under 5 %, for the ``--sweep`` policies (``warm-all`` and ``lru``), peers
+   off and on. ``--only 1`` or ``--only 2`` runs one question.
 
 Rows print as runs finish (question 1 first), so a cut-short run still reports.
 
@@ -36,6 +40,7 @@ BASE = {
     "pattern": "diurnal",
     "origin_bandwidth": "40Gbps",
     "node_bandwidth": "25Gbps",
+    "registry_bandwidth": "10Gbps",
     "seed": 1,
 }
 
@@ -45,6 +50,7 @@ def command(run: dict[str, Any]) -> str:
         f"preheat sim coldstart --nodes {run['nodes']} --nvme {run['nvme']} "
         f"--models benchmarks/{MODELS.name} --pattern {run['pattern']} "
         f"--cache-policy {run['policy']} --origin-bandwidth {run['origin_bandwidth']} "
+        f"--registry-bandwidth {run['registry_bandwidth']} "
         f"--peers {'on' if run['peers'] else 'off'} --seed {run['seed']} "
         f"--duration {run['duration']}"
     )
@@ -52,9 +58,11 @@ def command(run: dict[str, Any]) -> str:
 
 def one(run: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
+    c0 = time.process_time()
     setup, rng = prepare(models=MODELS, **run)
     out = simulate(setup, rng).to_dict()
     out["wall_s"] = round(time.perf_counter() - t0, 1)
+    out["cpu_s"] = round(time.process_time() - c0, 1)
     out["command"] = command(run)
     return out
 
@@ -64,7 +72,13 @@ def p99(out: dict[str, Any], cls: str = "scale_out") -> float | None:
     return None if row is None else row["p99_s"]
 
 
-def plan_runs(nvme: str, sizes: list[str], duration: str) -> list[dict[str, Any]]:
+def plan_runs(
+    nvme: str,
+    sizes: list[str],
+    duration: str,
+    sweep: tuple[str, ...] = ("warm-all", "lru"),
+    only: int | None = None,
+) -> list[dict[str, Any]]:
     """Question 1 first (every policy at ``nvme``, peers off, then on), then the sweep."""
     runs: list[dict[str, Any]] = []
 
@@ -73,29 +87,40 @@ def plan_runs(nvme: str, sizes: list[str], duration: str) -> list[dict[str, Any]
         if run not in runs:
             runs.append(run)
 
-    for peers in (False, True):
-        for policy in CACHE_POLICIES:
-            if not (policy == "none" and peers):  # no store: nothing to serve peers from
-                add(policy, peers, nvme)
-    for policy in SWEEP:
+    if only in (None, 1):
         for peers in (False, True):
-            for size in sizes:
-                add(policy, peers, size)
+            for policy in CACHE_POLICIES:
+                if not (policy == "none" and peers):  # no store: nothing to serve peers from
+                    add(policy, peers, nvme)
+    if only in (None, 2):
+        for policy in sweep:
+            for peers in (False, True):
+                for size in sizes:
+                    add(policy, peers, size)
     return runs
 
 
-SWEEP = ("warm-all", "lru")
+HEADER = (
+    "| policy | peers | NVMe | scale_out n | p50 s | p95 s | p99 s | miss share (all "
+    "starts) | image pulls (of starts) | warm_restart n / p50 s | origin TB | peer TB | "
+    "registry TB | unmet demand h | queue wait p50 / p99 s | dropped | CPU s |"
+)
 
 
 def row(r: dict[str, Any]) -> str:
     so = r["readiness"].get("scale_out", {})
+    wr = r["readiness"].get("warm_restart", {})
+    q = r["queue"]
     nan = float("nan")
     return (
         f"| {r['policy']} | {'on' if r['peers'] else 'off'} | {r['nvme_bytes'] / 1e12:g} TB | "
         f"{so.get('n', 0)} | {so.get('p50_s', nan):.0f} | {so.get('p95_s', nan):.0f} | "
         f"{so.get('p99_s', nan):.0f} | {r['cache_miss_share']:.1%} | "
-        f"{r['origin_bytes'] / 1e12:.1f} | {r['peer_bytes'] / 1e12:.1f} | "
-        f"{r['unmet_demand_s'] / 3600:.1f} | {r['wall_s']} |"
+        f"{r['image_pull_starts']} ({r['starts']}) | {wr.get('n', 0)} / "
+        f"{wr.get('p50_s', nan):.0f} | {r['origin_bytes'] / 1e12:.1f} | "
+        f"{r['peer_bytes'] / 1e12:.1f} | {r['registry_bytes'] / 1e12:.2f} | "
+        f"{r['unmet_demand_s'] / 3600:.1f} | {q['wait_p50_s']:.0f} / {q['wait_p99_s']:.0f} | "
+        f"{q['dropped_share']:.2%} | {r['cpu_s']} |"
     )
 
 
@@ -105,15 +130,16 @@ def main() -> None:
     ap.add_argument("--sizes", default="1TB,2TB,3TB,4TB", help="NVMe sizes for question 2")
     ap.add_argument("--duration", default="36h")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--sweep", default="warm-all,lru", help="policies for question 2")
+    ap.add_argument("--only", type=int, choices=(1, 2), default=None, help="one question")
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")
     args = ap.parse_args()
-    runs = plan_runs(args.nvme, args.sizes.split(","), args.duration)
+    sweep = tuple(args.sweep.split(","))
+    runs = plan_runs(args.nvme, args.sizes.split(","), args.duration, sweep, args.only)
     print(f"# {len(runs)} runs, {args.jobs} processes; scale_out readiness, seconds")
-    print(
-        "| policy | peers | NVMe | scale_out n | p50 s | p95 s | p99 s | miss share (all "
-        "starts) | origin TB | peer TB | unmet demand h | wall s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"# loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
+    print(HEADER)
+    print("|---" * HEADER.count(" | ") + "|---|")
     results = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -122,9 +148,10 @@ def main() -> None:
             print(row(r), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
-    print(f"# {time.perf_counter() - t0:.0f} s wall")
+    print(f"# {time.perf_counter() - t0:.0f} s wall, {sum(r['cpu_s'] for r in results):.0f} s CPU")
+    print(f"# loadavg at end: {Path('/proc/loadavg').read_text().strip()}")
     print("\n## smallest NVMe with a cache-miss share under 5 %")
-    for policy in SWEEP:
+    for policy in sweep if args.only != 1 else ():
         for peers in (False, True):
             ok = sorted(
                 r["nvme_bytes"]

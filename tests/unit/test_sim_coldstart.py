@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from preheat.cli import main
 from preheat.errors import ConfigError
 from preheat.sim.coldstart import simulate
-from preheat.sim.coldstart_config import catalog_from_dict, parse_bandwidth
+from preheat.sim.coldstart_catalog import catalog_from_dict
+from preheat.sim.coldstart_config import parse_bandwidth
 from preheat.sim.coldstart_files import prepare
 from preheat.sim.coldstart_result import ColdStartResult
 
@@ -58,18 +59,20 @@ def test_same_seed_same_result_and_another_seed_differs() -> None:
 
 def test_every_demanded_replica_is_started_or_counted_unmet() -> None:
     """Under spot churn, demand opened = filled by starts + withdrawn + still open, and the
-    fills are exactly the starts made (finished or in progress)."""
+    fills plus the crash restarts are exactly the starts made (finished or in progress)."""
     res = run(pattern="spot", seed=3)
     out = res.to_dict()
     led = out["demand"]
     assert led["opened"] == led["filled"] + led["withdrawn"] + led["open_at_end"]
-    assert led["filled"] == out["starts"] + out["starts_in_progress"]
+    assert led["filled"] + out["restarts"] == out["starts"] + out["starts_in_progress"]
     assert out["classes"]["node_loss_recovery"]["starts"] > 0
     if led["withdrawn"] or led["open_at_end"]:
         assert out["unmet_replica_s"] > 0
-    # Every record is a real start: one replica id each, ready after it was scheduled.
-    ids = [r.replica for r in res.world.records]
+    # Every record is a real start: one per replica and start time, ready after it was
+    # scheduled; a replica has one record more per crash restart.
+    ids = [(r.replica, r.scheduled) for r in res.world.records]
     assert len(ids) == len(set(ids))
+    assert out["restarts"] > 0
     assert all(r.ready_seconds is None or r.ready_seconds > 0 for r in res.world.records)
 
 
@@ -86,10 +89,12 @@ def test_warm_all_with_room_for_every_model_never_misses() -> None:
 
 
 def test_without_a_cache_every_start_misses_and_lru_reuses() -> None:
-    """none downloads on every start; lru keeps what replicas pulled and hits on some."""
+    """none downloads on every start (a crash restart keeps its scratch copy); lru keeps
+    what replicas pulled and hits on some."""
     none = run(policy="none").to_dict()
     lru = run(policy="lru").to_dict()
-    assert none["cache_miss_share"] == 1.0
+    for cls, row in none["classes"].items():
+        assert row["miss_share"] == (0.0 if cls == "warm_restart" else 1.0)
     assert lru["cache_miss_share"] < 1.0
     assert lru["origin_bytes"] < none["origin_bytes"]
 

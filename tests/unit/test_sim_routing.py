@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from click.testing import CliRunner
 
 from preheat.bench.routing import prompt_tokens
 from preheat.bench.workloads import WORKLOADS, WorkItem, aws_8k
+from preheat.cli import main
 from preheat.engine import server as engine_server
 from preheat.engine.core.scheduler import Scheduler
 from preheat.engine.core.tokenizer import Tokenizer
@@ -172,3 +174,33 @@ def test_thousands_of_refused_requests_do_not_recurse() -> None:
     s = _run(big, concurrency=2, kv_blocks=10)
     assert s["errors"] == 1200 and s["requests"] == 1200
     assert sum(s["decisions"].values()) == 1200  # type: ignore[attr-defined]
+
+
+def test_a_seeded_run_under_the_routers_default_placement_gives_its_pinned_figures() -> None:
+    """The same run under the router's default placement (``stable``, what ``preheat sim
+    routing`` now uses) reproduces its own pinned figures."""
+    assert PolicyParams().placement == "stable"
+    s = _run(_items("rag", 400), kv_blocks=300, concurrency=16)
+    assert (s["preemptions"], s["steps"], s["events"]) == (61, 5472, 5472)
+    assert s["decisions"] == {"affinity": 396, "fallback": 4}
+    assert s["kv_hit_rate"] == pytest.approx(0.4539720440786485, rel=1e-12)
+    assert s["ttft_p50_ms"] == pytest.approx(9.803049550000498, rel=1e-9)
+    assert s["ttft_p99_ms"] == pytest.approx(291.2995811486, rel=1e-9)
+    assert s["virtual_s"] == pytest.approx(3.047841771879998, rel=1e-9)
+
+
+def test_the_cli_routes_with_the_routers_default_placement() -> None:
+    """``preheat sim routing`` without --placement routes as a router with default
+    parameters does (stable), not as the learned placement it used to default to."""
+    args = ["sim", "routing", "--instances", "3", "--profile", "tiny", "--policy",
+            "prefix_aware", "--workload", "rag", "--requests", "40", "--concurrency", "6",
+            "--kv-blocks", "300", "--seed", "3", "--json"]  # fmt: skip
+
+    def run(*extra: str) -> str:
+        out = CliRunner().invoke(main, [*args, *extra])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    default = run()
+    assert default == run("--placement", PolicyParams().placement)
+    assert default != run("--placement", "learned")

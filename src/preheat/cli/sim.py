@@ -19,6 +19,10 @@ from preheat.sim.routing import RoutingConfig, SimItem, simulate_routing
 from preheat.sim.trace import parse_trace
 from preheat.timing import PROFILES
 
+#: The router's own defaults (``PolicyParams``), so a simulated fleet routes as a live
+#: one does unless told otherwise.
+ROUTER_DEFAULTS = PolicyParams()
+
 
 @click.group()
 def sim() -> None:
@@ -92,9 +96,9 @@ def load_items(
 @click.option(
     "--placement",
     type=click.Choice(PLACEMENTS),
-    default="learned",
+    default=ROUTER_DEFAULTS.placement,
     show_default=True,
-    help="prefix_aware placement (router/policies/prefix_aware.py).",
+    help="prefix_aware placement (router/policies/prefix_aware.py); the router's default.",
 )
 @click.option("--workload", default=None, help=f"Seeded workload: {', '.join(sorted(WORKLOADS))}.")
 @click.option(
@@ -128,9 +132,19 @@ def load_items(
     default=None,
     help="Open loop: Poisson arrivals at this many requests/s.",
 )
-@click.option("--prefix-length", type=int, default=8192, show_default=True, help="Key chars.")
 @click.option(
-    "--threshold", type=int, default=64, show_default=True, help="In-flight cap per instance."
+    "--prefix-length",
+    type=int,
+    default=ROUTER_DEFAULTS.prefix_length,
+    show_default=True,
+    help="Key chars.",
+)
+@click.option(
+    "--threshold",
+    type=int,
+    default=ROUTER_DEFAULTS.concurrency_threshold,
+    show_default=True,
+    help="In-flight cap per instance.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload and policy seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -50,6 +50,19 @@ from preheat.sim.traffic import PATTERNS
     help="Each node's link, split between its downloads (and its uploads to peers).",
 )
 @click.option(
+    "--registry-bandwidth",
+    default="10Gbps",
+    show_default=True,
+    help="Shared by all image pulls (fair share), for models with image and image_size.",
+)
+@click.option(
+    "--queue-bound",
+    type=click.IntRange(0),
+    default=None,
+    help="Requests that may wait per model while capacity is short; arrivals beyond are "
+    "dropped. Default: the models file's queue.max_queued (256).",
+)
+@click.option(
     "--peers",
     type=click.Choice(["on", "off"]),
     default="off",
@@ -80,6 +93,8 @@ def coldstart(
     cache_policy: str,
     origin_bandwidth: str,
     node_bandwidth: str,
+    registry_bandwidth: str,
+    queue_bound: int | None,
     peers: str,
     slots: int,
     warm_budget: int | None,
@@ -92,9 +107,12 @@ def coldstart(
     The live policy code decides everything: control.autoscale sets each model's
     replica count from its demand, control.plan warms, gates, places and drains,
     store.evict chooses what leaves a full disk, telemetry.classify labels each start.
+    Images are pulled from the registry by nodes that lack them, ready replicas crash and
+    restart in place (warm_restart), and requests queue while capacity is short.
     Prints readiness (scheduled -> healthy) p50/p95/p99 per event class, the share of
-    starts that missed the cache, bytes from the origin and from peers, and the time
-    some model had fewer ready replicas than its demand needed.
+    starts that missed the cache, bytes from the origin, peers and the registry, the time
+    some model had fewer ready replicas than its demand needed, and the queue's wait
+    p50/p99 and dropped requests.
     """
     from preheat.sim.coldstart import simulate
     from preheat.sim.coldstart_files import prepare
@@ -109,6 +127,8 @@ def coldstart(
             trace=trace_path,
             origin_bandwidth=origin_bandwidth,
             node_bandwidth=node_bandwidth,
+            registry_bandwidth=registry_bandwidth,
+            queue_bound=queue_bound,
             peers=peers == "on",
             slots=slots,
             warm_budget=warm_budget,
@@ -137,10 +157,18 @@ def coldstart(
     click.echo(
         f"starts {out['starts']} ({out['failed_starts']} failed), cache misses "
         f"{out['cache_miss_share']:.1%}; origin {format_size(out['origin_bytes'])}, peers "
-        f"{format_size(out['peer_bytes'])}; warm-ups {out['warmups']}, evictions "
-        f"{out['evictions']}, interruptions {out['interruptions']}"
+        f"{format_size(out['peer_bytes'])}, registry {format_size(out['registry_bytes'])} "
+        f"({out['image_pull_starts']} starts pulled their image); warm-ups {out['warmups']}, "
+        f"evictions {out['evictions']}, interruptions {out['interruptions']}, crash restarts "
+        f"{out['restarts']}"
     )
     click.echo(
         f"unmet demand {out['unmet_demand_s'] / 3600:.2f} h ({out['unmet_demand_share']:.1%} "
         f"of the run), {out['unmet_replica_s'] / 3600:.1f} replica-hours short"
+    )
+    q = out["queue"]
+    click.echo(
+        f"requests {q['requests']}: queue wait p50 {q['wait_p50_s']:.1f} s, p99 "
+        f"{q['wait_p99_s']:.1f} s, max {q['wait_max_s']:.1f} s; dropped {q['dropped']} "
+        f"({q['dropped_share']:.2%}), still queued at the end {q['queued_at_end']}"
     )

@@ -7,7 +7,12 @@ replica count from its in-flight demand; ``control.plan`` (and through it
 ``control.placement`` and ``control.rollout``) decides warm-ups, gates, starts, drains;
 ``store.evict.plan_eviction`` decides what leaves a full disk; ``telemetry.classify``
 labels each start; ``timing`` gives the first response; ``telemetry.stats`` the
-percentiles. The simulator only plays the executor (``coldstart_world``) and the world.
+percentiles. The simulator only plays the executor (``coldstart_world``) and the world:
+downloads and image pulls (``coldstart_flows``, ``coldstart_images``), replica crashes
+restarted in place (``Traffic.crashes``: at each, a ready replica drawn from the seeded
+``random.Random``), and the requests that queue while ready capacity is short
+(``coldstart_queue``: per model, arrivals = demand / ``queue.request_seconds``,
+capacity = ready replicas x ``replica_in_flight``).
 
 Each model is its own endpoint with one variant (its own ``Desired`` and cache policy);
 every plan sees all replicas, so slots are shared across models as on a real fleet.
@@ -45,9 +50,11 @@ from preheat.control.state import Desired, DesiredVariant, Observed, WeightsPoli
 from preheat.errors import ConfigError
 from preheat.sim.coldstart_config import CACHE_POLICIES, Catalog
 from preheat.sim.coldstart_flows import Network
+from preheat.sim.coldstart_queue import ModelQueue
+from preheat.sim.coldstart_replicas import ModelState
 from preheat.sim.coldstart_result import ColdStartResult, summarize
 from preheat.sim.coldstart_store import NodeDisk
-from preheat.sim.coldstart_world import ModelState, World
+from preheat.sim.coldstart_world import World
 from preheat.sim.events import EventQueue
 from preheat.sim.traffic import Traffic
 
@@ -72,6 +79,8 @@ class ColdStartSetup:
     duration: float
     origin_bandwidth: float = 10e9 / 8
     node_bandwidth: float = 25e9 / 8
+    #: Shared by every image pull (``coldstart_images``), like ``origin_bandwidth``.
+    registry_bandwidth: float = 10e9 / 8
     peers: bool = False
     slots: int = 1
     seed: int = 0
@@ -105,7 +114,9 @@ class _Sim:
         self.rng = rng
         self.agenda = EventQueue()
         self.net = Network(
-            origin_bandwidth=setup.origin_bandwidth, node_bandwidth=setup.node_bandwidth
+            origin_bandwidth=setup.origin_bandwidth,
+            node_bandwidth=setup.node_bandwidth,
+            registry_bandwidth=setup.registry_bandwidth,
         )
         cat = setup.catalog
         self.w = World(
@@ -135,8 +146,13 @@ class _Sim:
         self.flow_at: float | None = None
         self.interruptions = 0
         self.next_predict = 0.0
+        self.queues = {m.name: ModelQueue(cat.queue.max_queued) for m in cat.models}
+        self.arrivals = dict.fromkeys(self.w.models, 0.0)
         for m in cat.models:
             self.w.account(m.name)
+        # The first plan is for every model, not only those whose count the first sample
+        # changes (a model kept at min_replicas would wait for some other replica to stop).
+        self.w.mark_all()
 
     def max_of(self, name: str) -> int:
         """``max_replicas``, by default twice the model's share of the fleet's slots."""
@@ -164,6 +180,7 @@ class _Sim:
         for r in self.w.replicas.values():
             if r.node == node.name and r.phase in ("starting", "ready"):
                 self.w.models[r.model].lost_pending += 1
+        self.w.images.lose(node.name)
         for fill in list(self.w.fills.values()):
             if fill.node == node.name:
                 self.w.cancel_fill(fill)
@@ -180,6 +197,7 @@ class _Sim:
         policy = self.s.catalog.autoscaling
         for name, ms in self.w.models.items():
             d = demand.get(name, 0.0)
+            self.arrivals[name] = d / self.s.catalog.queue.request_seconds
             self.needed[name] = math.ceil(d / policy.target_in_flight - 1e-9)
             hi = self.max_of(name)
             new, state, _why = autoscale(
@@ -291,6 +309,9 @@ class _Sim:
         ready = Counter(r.model for r in self.w.replicas.values() if r.phase == "ready")
         short = {m: max(self.needed[m] - ready[m], 0) for m in self.w.models}
         self.shortfall = sum(short.values())
+        per = self.s.catalog.replica_in_flight / self.s.catalog.queue.request_seconds
+        for m, q in self.queues.items():
+            q.set_rates(self.arrivals[m], ready[m] * per)
         nxt = self.net.next_finish()
         if nxt is not None and nxt[0] != self.flow_at:
             self.flow_epoch += 1
@@ -303,6 +324,8 @@ class _Sim:
         self.agenda.at(0.0, "sample")
         for t in self.s.traffic.interruptions:
             self.agenda.at(t, "interrupt")
+        for t in self.s.traffic.crashes:
+            self.agenda.at(t, "crash")
         self.agenda.at(self.s.duration, "end")
         while len(self.agenda):
             ev = self.agenda.pop()
@@ -311,6 +334,9 @@ class _Sim:
             if self.shortfall:
                 self.unmet_s += dt
                 self.unmet_replica_s += dt * self.shortfall
+            if dt > 0:
+                for q in self.queues.values():
+                    q.advance(self.last_t, now)
             self.last_t = now
             self.net.advance(now)
             if ev.kind == "end":
@@ -324,6 +350,7 @@ class _Sim:
             unmet_s=self.unmet_s,
             unmet_replica_s=self.unmet_replica_s,
             interruptions=self.interruptions,
+            queues=self.queues,
         )
 
     def _handle(self, kind: str, payload: object) -> None:
@@ -343,6 +370,10 @@ class _Sim:
             self.w.dirty.add(str(payload))
         elif kind == "interrupt":
             self._interrupt()
+        elif kind == "crash":
+            ready = sorted(r.id for r in self.w.replicas.values() if r.phase == "ready")
+            if ready:
+                self.w.crash(self.rng.choice(ready))
         elif kind == "replace":
             self._add_node(added=True)
             self.w.mark_all()

@@ -8,6 +8,7 @@ the CLI's values. Both turn every problem into a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -17,13 +18,9 @@ import yaml
 from preheat.config import parse_size
 from preheat.errors import ConfigError
 from preheat.sim.coldstart import ColdStartSetup
-from preheat.sim.coldstart_config import (
-    Catalog,
-    catalog_from_dict,
-    parse_bandwidth,
-    parse_duration,
-)
-from preheat.sim.traffic import Traffic, pattern_traffic, trace_from_records
+from preheat.sim.coldstart_catalog import catalog_from_dict
+from preheat.sim.coldstart_config import Catalog, parse_bandwidth, parse_duration
+from preheat.sim.traffic import Traffic, crash_times, pattern_traffic, trace_from_records
 
 __all__ = ["load_catalog", "load_trace", "prepare"]
 
@@ -74,6 +71,8 @@ def prepare(
     trace: Path | None = None,
     origin_bandwidth: str | float = "10Gbps",
     node_bandwidth: str | float = "25Gbps",
+    registry_bandwidth: str | float = "10Gbps",
+    queue_bound: int | None = None,
     peers: bool = False,
     slots: int = 1,
     seed: int = 0,
@@ -110,6 +109,14 @@ def prepare(
             duration=seconds,
             rng=rng,
         )
+    mtbf = catalog.traffic.replica_mtbf_seconds
+    crashes = crash_times(rng, slots=nodes * slots, mtbf=mtbf, duration=seconds)
+    traffic = dataclasses.replace(traffic, crashes=crashes)
+    if queue_bound is not None:
+        if queue_bound < 0:
+            raise ConfigError(f"--queue-bound {queue_bound} must be 0 or more requests")
+        queue = dataclasses.replace(catalog.queue, max_queued=queue_bound)
+        catalog = dataclasses.replace(catalog, queue=queue)
     setup = ColdStartSetup(
         nodes=nodes,
         nvme=nvme_bytes,
@@ -119,6 +126,7 @@ def prepare(
         duration=seconds,
         origin_bandwidth=parse_bandwidth(origin_bandwidth, what="--origin-bandwidth"),
         node_bandwidth=parse_bandwidth(node_bandwidth, what="--node-bandwidth"),
+        registry_bandwidth=parse_bandwidth(registry_bandwidth, what="--registry-bandwidth"),
         peers=peers,
         slots=slots,
         seed=seed,

@@ -10,7 +10,12 @@ that finished (became ready or failed) in the run.
 The demand ledger: ``opened`` counts replicas the autoscaler (or a lost node) made
 wanted and not live; each is either ``filled`` by a start, ``withdrawn`` (demand fell
 before a replica started: unmet while it lasted) or still ``open_at_end``. ``filled``
-equals the starts made (finished plus still starting at the end).
+plus the crash restarts (each a start record of its own, ``warm_restart``) equals the
+starts made (finished plus still starting at the end).
+
+Queueing (``queue``, from ``coldstart_queue``): requests that arrived, waited, were
+dropped at the bound or still wait at the end; the wait p50/p99/max is over every
+request that was served (most wait 0).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from preheat.sim.coldstart_flows import kind
+from preheat.sim.coldstart_queue import summarize_queues
 from preheat.telemetry.stats import summarize_classes
 
 if TYPE_CHECKING:
@@ -43,6 +50,7 @@ def summarize(
     unmet_s: float,
     unmet_replica_s: float,
     interruptions: int,
+    queues: dict[str, Any],
 ) -> ColdStartResult:
     records = world.records
     classes = summarize_classes(records)
@@ -65,6 +73,7 @@ def summarize(
             "failures": c.failures,
             "misses": c.weights_misses,
             "miss_share": round(c.weights_misses / c.starts, 4) if c.starts else 0.0,
+            "image_pulls": c.image_misses,
         }
         for c in classes
     }
@@ -78,9 +87,9 @@ def summarize(
         unschedulable += ms.unschedulable
     moved = dict(world.net.bytes_from)
     for t in world.net.transfers.values():  # still in flight at the end
-        kind = "origin" if t.source == "origin" else "peer"
-        moved[kind] = moved.get(kind, 0) + round(t.done)
+        moved[kind(t.source)] = moved.get(kind(t.source), 0) + round(t.done)
     in_progress = sum(1 for r in world.replicas.values() if r.phase == "starting")
+    queue = summarize_queues(queues).to_dict()
     summary: dict[str, Any] = {
         "policy": setup.policy,
         "pattern": setup.traffic.name,
@@ -93,6 +102,7 @@ def summarize(
         "seed": setup.seed,
         "duration_s": setup.duration,
         "origin_bandwidth_bytes_per_s": setup.origin_bandwidth,
+        "registry_bandwidth_bytes_per_s": setup.registry_bandwidth,
         "starts": starts,
         "starts_in_progress": in_progress,
         "failed_starts": sum(1 for r in records if not r.ok),
@@ -100,6 +110,14 @@ def summarize(
         "cache_miss_share": round(misses / starts, 4) if starts else 0.0,
         "origin_bytes": moved.get("origin", 0),
         "peer_bytes": moved.get("peer", 0),
+        "registry_bytes": moved.get("registry", 0),
+        "image_pulls": world.images.pulled,
+        "image_pull_starts": sum(1 for r in records if r.image_source == "pull"),
+        "restarts": world.restarts,
+        "queue": queue,
+        "queue_wait_p50_s": queue["wait_p50_s"],
+        "queue_wait_p99_s": queue["wait_p99_s"],
+        "dropped_requests": queue["dropped"],
         "unmet_demand_s": round(unmet_s, 1),
         "unmet_demand_share": round(unmet_s / setup.duration, 4),
         "unmet_replica_s": round(unmet_replica_s, 1),

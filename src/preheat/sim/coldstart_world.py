@@ -14,6 +14,13 @@ action the way the live executor does:
   miss as in ``warmup.pull_for_replica``), or a fill of its own (a miss). Then the
   runtime starts, loads the weights from NVMe, warms up and answers its first request
   (prefill time from the model's ``timing`` profile); readiness is scheduled -> healthy.
+  The runtime also needs the model's image (``coldstart_images``): from the node's image
+  store or a registry pull, at the same time as the weights or before them
+  (``startup.image_pull``); it starts once both are there.
+- A crash (``crash``): a ready replica's engine exits and the supervisor restarts it in
+  place (``warm_restart``): image and weights are on the node and the weights still in
+  the page cache, so it costs the supervisor's backoff, ``startup.restart_seconds``,
+  the read at ``startup.page_cache_bandwidth`` and the warm-up.
 - ``Drain`` / ``StopReplica``: out of service; a drained replica stops after
   ``drain_seconds``; leases are released (the snapshot's last use is then).
 - gates, routes and rollouts: the same bookkeeping as the live executor.
@@ -25,8 +32,6 @@ that goes with it, so every start is a miss.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from dataclasses import dataclass, field
 
 from preheat.control.state import (
     Action,
@@ -43,70 +48,20 @@ from preheat.control.state import (
     StartReplica,
     StopReplica,
     Unschedulable,
-    VariantStatus,
     WaitGate,
     Warm,
 )
 from preheat.sim.coldstart_config import Catalog, ModelSpec
 from preheat.sim.coldstart_flows import ORIGIN, Network
+from preheat.sim.coldstart_images import Images
+from preheat.sim.coldstart_replicas import Fill, ModelState, SimReplica, start_record
 from preheat.sim.coldstart_store import Eviction, NodeDisk, Refusal
 from preheat.sim.events import EventQueue
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
-from preheat.telemetry.records import EventClass, StartRecord
+from preheat.telemetry.records import StartRecord
 from preheat.timing import get_profile
 
-__all__ = ["Fill", "ModelState", "SimReplica", "World"]
-
-
-@dataclass
-class SimReplica:
-    id: str
-    model: str
-    revision: str
-    node: str
-    seq: int
-    event_class: EventClass
-    scheduled: float
-    phase: str = "starting"  # starting | ready | draining | stopped | failed
-    routed: bool = False
-    weights_source: str = "cache"
-    bytes_from: dict[str, int] = field(default_factory=dict)
-    stamps: dict[str, float] = field(default_factory=dict)
-    leased: bool = False
-
-
-@dataclass
-class Fill:
-    node: str
-    revision: str
-    size: int
-    transfer: int
-    source: str  # ORIGIN or a peer node
-    #: ``warm`` (a planner Warm) or the id of the replica that pulls for itself.
-    owner: str
-    waiters: list[str] = field(default_factory=list)
-    fetched: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def kind(self) -> str:
-        return "origin" if self.source == ORIGIN else "peer"
-
-
-@dataclass
-class ModelState:
-    spec: ModelSpec
-    desired: int
-    status: VariantStatus = field(default_factory=VariantStatus)
-    lost_pending: int = 0
-    #: Demand ledger (see ``World.account``).
-    gap: int = 0
-    opened: int = 0
-    filled: int = 0
-    withdrawn: int = 0
-    unschedulable: int = 0
-    #: Failed starts in a row and when the next may begin (the live supervisor's backoff).
-    start_failures: int = 0
-    next_start_at: float = 0.0
+__all__ = ["World"]
 
 
 class World:
@@ -138,6 +93,8 @@ class World:
         self.records: list[StartRecord] = []
         self.evictions: list[Eviction] = []
         self.warmups = 0
+        self.restarts = 0
+        self.images = Images(network)
         self.notices: list[str] = []
         self.dirty: set[str] = set()
         self._seq = 0
@@ -288,6 +245,9 @@ class World:
                 )
             return
         self.warmups += 1
+        spec = self.models[model].spec
+        if spec.image is not None and not self.images.holds(node_name, spec.image):
+            self.images.pull(node_name, spec.image, spec.image_size)  # modelCacheConfig.image
 
     def start_replica(self, a: StartReplica) -> None:
         ms = self.models[a.variant]
@@ -323,6 +283,7 @@ class World:
         self.replicas[r.id] = r
         self.account(a.variant, started=True)
         self.dirty.add(a.variant)
+        self._image(r, ms.spec)
         if holds:
             r.bytes_from = {"cache": ms.spec.size}
             node.lease(a.revision, r.id, now)
@@ -335,28 +296,84 @@ class World:
             r.weights_source = fill.kind
             r.bytes_from = {fill.kind: 0, "cache": ms.spec.size}
             return
+        if r.image_source == "pull" and self.catalog.startup.image_pull == "before":
+            r.deferred_fill = True  # the weights download waits for the image
+            r.weights_source = "origin"  # relabelled when the download starts
+            return
+        self._own_fill(r, node, ms)
+
+    def _own_fill(self, r: SimReplica, node: NodeDisk, ms: ModelState) -> None:
         got = self._fill(node, ms.spec, r.id)
         if isinstance(got, Refusal):
             if got.permanent:
-                self.failed_views[(a.node, a.revision)] = CacheView("unfit", reason=got.reason)
+                self.failed_views[(r.node, r.revision)] = CacheView("unfit", reason=got.reason)
             r.weights_source = "origin"
             self._end(r, "failed", f"no room for the weights: {got.reason}")
             ms.start_failures += 1
             ms.next_start_at = self.agenda.now + min(0.5 * 2 ** (ms.start_failures - 1), 30.0)
-            self.agenda.at(ms.next_start_at, "wake", a.variant)
+            self.agenda.at(ms.next_start_at, "wake", r.model)
             return
         got.waiters.append(r.id)
         r.weights_source = got.kind
         r.bytes_from = {got.kind: ms.spec.size}
 
+    def _image(self, r: SimReplica, spec: ModelSpec) -> None:
+        if spec.image is None:
+            return
+        if self.images.holds(r.node, spec.image):
+            r.image_source = "cache"
+            r.stamps["image_ready"] = self.agenda.now
+        else:
+            r.image_source = "pull"
+            self.images.pull(r.node, spec.image, spec.image_size, r.id)
+
+    def _image_done(self, tid: int) -> None:
+        pull = self.images.done(tid)
+        if pull is None:
+            return
+        now = self.agenda.now
+        for rid in pull.waiters:
+            r = self.replicas.get(rid)
+            if r is None or r.phase != "starting":
+                continue
+            r.stamps["image_ready"] = now
+            if r.deferred_fill:
+                r.deferred_fill = False
+                node = self.nodes[r.node]
+                if self.store and node.holds(r.revision):  # warmed meanwhile
+                    r.weights_source, r.bytes_from = "cache", {"cache": node.snaps[r.revision].size}
+                    node.lease(r.revision, r.id, now)
+                    r.leased = True
+                    self._weights_ready(r)
+                elif (r.node, r.revision) in self.fills:
+                    fill = self.fills[(r.node, r.revision)]
+                    fill.waiters.append(r.id)
+                    r.weights_source = fill.kind
+                    r.bytes_from = {fill.kind: 0, "cache": fill.size}
+                else:
+                    self._own_fill(r, node, self.models[r.model])
+            elif r.weights_at is not None:
+                self._run(r)
+
     def _weights_ready(self, r: SimReplica) -> None:
+        r.weights_at = self.agenda.now
+        if r.image_source != "pull" or "image_ready" in r.stamps:
+            self._run(r)
+
+    def _run(self, r: SimReplica) -> None:
+        """Image and weights are on the node: the runtime starts."""
         st = self.catalog.startup
         size = self.models[r.model].spec.size
         t = self.agenda.now
         r.stamps["weights_ready"] = t
-        t += st.runtime_seconds
-        r.stamps["runtime_started"] = t
-        t += size / st.load_bandwidth
+        if r.restarts:
+            t += min(0.2 * 2 ** (r.restarts - 1), 5.0) + st.restart_seconds  # supervisor
+            r.stamps["runtime_started"] = t
+            t += size / st.page_cache_bandwidth
+        else:
+            t += st.runtime_seconds
+            r.stamps["runtime_started"] = t
+            t += size / st.load_bandwidth
         r.stamps["weights_loaded"] = t
         t += st.warmup_seconds
         r.stamps["healthy"] = t
@@ -373,7 +390,29 @@ class World:
         self._record(r, None)
         self.dirty.add(r.model)
 
+    def crash(self, rid: str) -> None:
+        """The ready replica's engine exited: the supervisor restarts it on its node."""
+        r = self.replicas[rid]
+        ms = self.models[r.model]
+        r.restarts += 1
+        self.restarts += 1
+        r.phase, r.routed = "starting", False
+        r.event_class = classify_start(
+            StartContext(reason=StartReason.RESTART, same_replica_on_node_before=True)
+        )
+        r.scheduled = self.agenda.now
+        r.stamps = {}
+        r.weights_source, r.bytes_from = "cache", {"cache": ms.spec.size}
+        if ms.spec.image is not None:
+            r.image_source = "cache"
+            r.stamps["image_ready"] = self.agenda.now
+        self.dirty.add(r.model)
+        self._run(r)
+
     def fill_done(self, tid: int) -> None:
+        if tid in self.images.by_transfer:
+            self._image_done(tid)
+            return
         fill = self.by_transfer.pop(tid, None)
         t = self.net.remove(tid)
         if fill is None or t is None:
@@ -460,6 +499,7 @@ class World:
         node = self.nodes.get(r.node)
         if was_starting:
             self._record(r, failure)
+            self.images.forget(r.id)
             for fill in list(self.fills.values()):
                 if r.id in fill.waiters:
                     fill.waiters.remove(r.id)
@@ -473,20 +513,4 @@ class World:
         self.mark_all()  # a slot is free
 
     def _record(self, r: SimReplica, failure: str | None) -> None:
-        end = self.agenda.now
-        stamps = {k: v for k, v in r.stamps.items() if failure is None or v <= end}
-        self.records.append(
-            StartRecord(
-                endpoint="fleet",
-                variant=r.model,
-                replica=r.id,
-                node=r.node,
-                revision=r.revision,
-                event_class=r.event_class,
-                scheduled=r.scheduled,
-                weights_source=r.weights_source,
-                bytes_from=r.bytes_from,
-                failure=failure,
-                **stamps,  # type: ignore[arg-type]
-            )
-        )
+        self.records.append(start_record(r, self.agenda.now, failure))

@@ -18,6 +18,10 @@ Patterns (``TrafficParams`` holds every parameter; ``capacity`` is the fleet's s
   fleet with rate nodes / ``spot_mtbi_seconds``; the simulator picks the node and
   replaces it ``spot_replace_seconds`` later with an empty one.
 
+Every pattern and trace also gets replica crashes (``crash_times``): a Poisson process
+with rate slots / ``replica_mtbf_seconds``, drawn after the demand so the demand of a
+seed does not change with it; at each the simulator restarts a ready replica in place.
+
 A trace (``trace_from_records``) is JSON lines of ``{"t": s, "model": NAME,
 "in_flight": x}`` (one model) or ``{"t": s, "total": x}`` (split by popularity); each
 value holds until the next line for that model, and demand is 0 before a model's first.
@@ -37,7 +41,7 @@ from preheat.sim.coldstart_config import Catalog, TrafficParams
 if TYPE_CHECKING:
     import random
 
-__all__ = ["PATTERNS", "Traffic", "pattern_traffic", "trace_from_records"]
+__all__ = ["PATTERNS", "Traffic", "crash_times", "pattern_traffic", "trace_from_records"]
 
 PATTERNS = ("diurnal", "burst", "spot")
 
@@ -53,6 +57,8 @@ class Traffic:
     values: tuple[tuple[float, ...], ...]
     interruptions: tuple[float, ...] = ()
     replace_seconds: float = 180.0
+    #: Times a ready replica crashes and restarts in place (``crash_times``).
+    crashes: tuple[float, ...] = ()
 
     def at(self, t: float) -> dict[str, float]:
         i = bisect.bisect_right(self.times, t) - 1
@@ -72,6 +78,15 @@ def _poisson(rng: random.Random, mean_gap: float, duration: float) -> list[float
         out.append(t)
         t += rng.expovariate(1.0 / mean_gap)
     return out
+
+
+def crash_times(
+    rng: random.Random, *, slots: int, mtbf: float, duration: float
+) -> tuple[float, ...]:
+    """Crash times over the fleet: Poisson, rate ``slots / mtbf`` (none when mtbf is 0)."""
+    if mtbf <= 0:
+        return ()
+    return tuple(_poisson(rng, mtbf / max(slots, 1), duration))
 
 
 def pattern_traffic(
