@@ -35,6 +35,8 @@ from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from preheat.router.wire import passed_headers
+
 MAX_HEAD = 65536
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
@@ -154,18 +156,27 @@ def _expire(w: asyncio.Future[None]) -> None:
 
 
 class UpstreamResponse:
-    """A response being read from a ``_Conn``: status, headers (lower-case names) and the
+    """A response being read from a ``_Conn``: status, headers (lower-case names, the last
+    value of a repeated one; ``pairs`` has them all, as sent) and the
     body through ``read()`` or ``iter_any()``. Use as an async context manager: leaving
     it returns a fully read connection to the pool and closes any other."""
 
-    __slots__ = ("_chunked", "_done", "_left", "conn", "headers", "keep_alive", "status")
+    __slots__ = ("_chunked", "_done", "_left", "conn", "headers", "keep_alive", "pairs", "status")
 
     def __init__(
-        self, conn: _Conn, status: int, headers: dict[str, str], keep: bool, *, head: bool = False
+        self,
+        conn: _Conn,
+        status: int,
+        headers: dict[str, str],
+        keep: bool,
+        *,
+        head: bool = False,
+        pairs: list[tuple[str, str]] | None = None,
     ) -> None:
         self.conn = conn
         self.status = status
         self.headers = headers
+        self.pairs = pairs if pairs is not None else list(headers.items())
         te = headers.get("transfer-encoding", "")
         self._chunked = "chunked" in te.lower()
         cl = headers.get("content-length")
@@ -180,6 +191,11 @@ class UpstreamResponse:
             self._left = 0
         self.keep_alive = keep and (self._chunked or self._left is not None)
         self._done = self._left == 0 and not self._chunked
+
+    @property
+    def passed(self) -> str:
+        """The headers to pass on to the client (``wire.passed_headers``: repeats kept)."""
+        return passed_headers(self.pairs)
 
     @property
     def length(self) -> int | None:
@@ -472,16 +488,20 @@ class UpstreamPool:
             conn.close()
             raise BadResponse(f"bad status {status_line[1]!r}") from exc
         hdrs: dict[str, str] = {}
+        pairs: list[tuple[str, str]] = []
         for line in lines[1:]:
             k, sep, v = line.partition(":")
             if sep:
-                hdrs[k.strip().lower()] = v.strip()
+                k = k.strip()
+                v = v.strip()
+                hdrs[k.lower()] = v
+                pairs.append((k, v))
         keep = status_line[0] == "HTTP/1.1" and hdrs.get("connection", "").lower() != "close"
         if 100 <= status < 200:  # never asked for (no Expect is forwarded)
             conn.close()
             raise BadResponse(f"unexpected interim response {status}")
         try:
-            resp = UpstreamResponse(conn, status, hdrs, keep, head=is_head)
+            resp = UpstreamResponse(conn, status, hdrs, keep, head=is_head, pairs=pairs)
         except BadResponse:
             conn.close()
             raise
