@@ -35,7 +35,10 @@ What the front gets right (tests/integration/test_router_front.py):
   as nginx does) cancels its request at once, not at the next write: the upstream
   connection is closed, so the engine stops generating, and the request leaves the
   in-flight count;
-* a connection idle for ``IDLE_S`` with nothing in progress is closed.
+* a connection idle for ``IDLE_S`` with nothing in progress is closed;
+* the answer's headers are the instance's (or the aiohttp application's) own, every
+  value of a repeated one kept (``wire.passed_headers``: hop-by-hop, framing and
+  ``Date`` left out), then the router's (tests/integration/test_router_headers.py).
 """
 
 from __future__ import annotations

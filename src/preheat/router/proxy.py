@@ -7,8 +7,9 @@ policy choose among its healthy, non-draining instances (none -> 503 with
 ``Retry-After``), count it in flight, forward. An instance that refuses the connection
 is marked unhealthy and the request is tried once more on another; one that sends
 nothing for ``upstream_timeout_s`` -> 504; one that dies mid-stream ends the client's
-stream with an ``error`` event and is marked unhealthy. Each response carries
-``X-Preheat-Instance`` and ``X-Preheat-Outcome`` headers.
+stream with an ``error`` event and is marked unhealthy. Each response carries the
+instance's own headers (repeats kept; hop-by-hop and framing ones left out:
+``wire.passed_headers``) and ``X-Preheat-Instance`` and ``X-Preheat-Outcome``.
 
 The logic does not know the HTTP server: a server turns a request into an ``Incoming``
 and gives ``Proxy.handle`` a ``Sink`` to answer through. Two servers do: the raw-protocol
