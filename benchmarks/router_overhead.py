@@ -18,9 +18,13 @@ number of workers (the one client process is part of what limits it, the same fo
 every router); "CPU ms/req" is the router's CPU time (its process and children, from
 /proc) during that pass over the requests, a figure the machine's load moves less than
 latency. ``preheataiohttp-<policy>`` runs preheat with ``--front aiohttp`` (the
-previous server) for a before/after in the same run.
+previous server) and ``preheatbase-<policy>`` the ``preheat`` executable given with
+``--baseline`` (another checkout's venv: the code before a change) for a before/after in
+the same run.
 
     .venv/bin/python benchmarks/router_overhead.py --requests 2000
+    .venv/bin/python benchmarks/router_overhead.py --baseline /work/main/.venv/bin/preheat \
+        --routers preheatbase-random,preheat-random,sglang-random
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from rich.console import Console
 from rich.table import Table
 
 from preheat.bench.compare import AddedLatency, counterparts, paired_added
+from preheat.testing.procs import start_server
 from preheat.testing.routers import (
+    DEFAULT_SALT,
     RouterProcess,
     launch_router,
     start_fast_backend,
@@ -151,9 +157,33 @@ async def measure_throughput(router: str, data: list[bytes], concurrency: int) -
 
 
 @contextlib.contextmanager
-def router(name: str, backends: list[str], logdir: Path) -> Iterator[RouterProcess]:
+def router(
+    name: str, backends: list[str], logdir: Path, baseline: str | None = None
+) -> Iterator[RouterProcess]:
     kind, policy = name.split("-", 1)
-    if kind in ("preheat", "preheataiohttp"):
+    if kind == "preheatbase":
+        if not baseline:
+            raise SystemExit(f"{name} needs --baseline PATH (a preheat executable)")
+        exe = baseline
+
+        def argv(p: int) -> list[str]:
+            cmd = [exe, "router", "serve", "--port", str(p), "--strategy", policy]
+            return [
+                *cmd,
+                *(a for b in backends for a in ("--backend", b)),
+                "--log-level",
+                "WARNING",
+            ]
+
+        env = {**os.environ, "PREHEAT_ROUTER_SALT": DEFAULT_SALT}
+        proc, port = start_server(
+            argv, port=None, log=logdir / f"{name}.log", env=env, timeout=60, what=name
+        )
+        try:
+            yield RouterProcess(process=proc, port=port)
+        finally:
+            proc.stop(5)
+    elif kind in ("preheat", "preheataiohttp"):
         front = ["--front", "aiohttp"] if kind == "preheataiohttp" else []
         r = launch_router(
             backends=backends,
@@ -185,6 +215,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--baseline", help="a preheat executable run as preheatbase-<policy> (another checkout)"
+    )
     args = ap.parse_args()
     console = Console()
     console.print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
@@ -202,7 +235,7 @@ def main() -> None:
             rate: dict[str, tuple[float, int]] = {}
             cpu[conc] = {}
             for name in names:
-                with router(name, backends, logdir) as r:
+                with router(name, backends, logdir, args.baseline) as r:
                     d, rt, failed = asyncio.run(measure_paired(backends, r.url, data, conc))
                     c0 = cpu_seconds(r.pid)
                     rate[name] = asyncio.run(measure_throughput(r.url, data, conc))
@@ -243,6 +276,16 @@ def main() -> None:
                 f"req/s {rates[conc][ours][0]:.0f} vs {rates[conc][peer][0]:.0f} "
                 f"({rates[conc][ours][0] / rates[conc][peer][0]:.2f}x)"
             )
+        for name in res:
+            base = name.replace("preheat-", "preheatbase-", 1)
+            if name.startswith("preheat-") and base in res:
+                a, b = res[name][0], res[base][0]
+                console.print(
+                    f"  c={conc}: {name} vs {base} (before): added p50 "
+                    f"{ratio(a.added_p50, b.added_p50)}, p99 {ratio(a.added_p99, b.added_p99)}, "
+                    f"req/s {rates[conc][name][0] / rates[conc][base][0]:.2f}x, CPU/req "
+                    f"{cpu[conc][name] / cpu[conc][base]:.2f}x"
+                )
     console.print(f"loadavg at end: {Path('/proc/loadavg').read_text().strip()}")
     if args.json:
         args.json.write_text(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -166,13 +167,35 @@ def router() -> None:
     "instance; also `kv_events:` per instance in --config.",
 )
 @click.option(
+    "--kv-events-options",
+    "kv_events_options",
+    metavar="KEY=VALUE&...",
+    help="How every instance's engine hashes prompts, for the --kv-events instances and "
+    "(with --kubernetes) the discovered ones: tokenizer (a model snapshot dir or its "
+    "tokenizer.json; default 'engine', the simulated engine's), hash (builtin, sha256, "
+    "sha256_cbor: vLLM's --prefix-caching-hash-algo), hash_seed (the engine's "
+    "PYTHONHASHSEED, required by sha256*), block_size (vLLM's --block-size, 16). "
+    "An instance's own setting wins. E.g. "
+    "'tokenizer=/models/llama&hash=sha256_cbor&hash_seed=0'. Also `kv_events_options:` "
+    "in --config.",
+)
+@click.option(
+    "--kv-events-silence",
+    type=float,
+    default=None,
+    metavar="S",
+    help="Seconds an instance may owe KV events before the router stops trusting them "
+    "and uses its learned index for it (default 5; kv_events_silence_s in --config).",
+)
+@click.option(
     "--front",
     type=click.Choice(["raw", "aiohttp"]),
     default="raw",
     show_default=True,
     help="The server on --port: raw (an HTTP/1.1 protocol with httptools serves the two "
     "proxy routes, everything else is relayed to the aiohttp application on a private "
-    "unix socket; least added latency) or aiohttp (aiohttp serves every route).",
+    "unix socket; least added latency) or aiohttp (aiohttp serves every route); with "
+    "--kubernetes too.",
 )
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def serve(
@@ -198,6 +221,8 @@ def serve(
     namespace: str | None,
     kubeconfig: Path | None,
     kv_events: tuple[str, ...],
+    kv_events_options: str | None,
+    kv_events_silence: float | None,
     front: str,
     log_level: str,
 ) -> None:
@@ -215,7 +240,12 @@ def serve(
     In a cluster (the rendered router Deployment runs this):
       preheat router serve --kubernetes --endpoint chat --port 8080
     """
-    from preheat.router.config import load_config, parse_config, with_kv_events
+    from preheat.router.config import (
+        check_kv_events_options,
+        load_config,
+        parse_config,
+        with_kv_events,
+    )
     from preheat.router.server import Router, run
     from preheat.telemetry.routing import DecisionLog
 
@@ -224,8 +254,15 @@ def serve(
     )
     discovery = None
     try:
+        kv_options = (
+            check_kv_events_options(kv_events_options, where="--kv-events-options")
+            if kv_events_options is not None
+            else {}
+        )
         if kubernetes:
-            discovery = _discovery(endpoint, namespace, kubeconfig, config_file, backends)
+            discovery = _discovery(
+                endpoint, namespace, kubeconfig, config_file, backends, kv_options
+            )
             cfg = parse_config({"variants": [{"name": "default", "instances": []}]})
         elif endpoint or namespace or kubeconfig:
             raise ConfigError("--endpoint, --namespace and --kubeconfig need --kubernetes")
@@ -255,6 +292,14 @@ def serve(
             raw["upstream_timeout_s"] = upstream_timeout
         if health_interval is not None:
             raw["health"]["interval_s"] = health_interval
+        if kv_events_silence is not None:
+            raw["kv_events_silence_s"] = kv_events_silence
+        if kv_options:
+            if raw["kv_events_options"]:
+                raise ConfigError(
+                    "give kv_events_options either in --config or as --kv-events-options, not both"
+                )
+            raw["kv_events_options"] = kv_options
         cfg = with_kv_events(parse_config(raw), _kv_events(kv_events))
         if discovery is not None:
             cfg = discovery.initial_config(cfg)
@@ -269,12 +314,18 @@ def serve(
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     live = Router(cfg, salt=salt, admin_token=admin_token, decision_log=dlog, rng=rng)
-    if discovery is not None:
-        from preheat.runtime.kubernetes.discovery import run as run_discovered
-
-        run_discovered(live, discovery, host=host, port=port)
-    else:
+    if discovery is None:
         run(live, host=host, port=port, front=front)
+        return
+    found = discovery
+
+    async def ready() -> None:  # the watches feed the router's loop once it listens
+        found.start(live, asyncio.get_running_loop())
+
+    try:
+        run(live, host=host, port=port, front=front, ready=ready)
+    finally:
+        found.stop()
 
 
 def _discovery(
@@ -283,8 +334,11 @@ def _discovery(
     kubeconfig: Path | None,
     config_file: Path | None,
     backends: tuple[str, ...],
+    kv_options: dict[str, str],
 ) -> Discovery:
     """Kubernetes mode's discovery, connected; the options it conflicts with refused."""
+    from urllib.parse import urlencode
+
     from preheat.runtime.kubernetes.discovery import Discovery, connect
 
     if not endpoint:
@@ -295,12 +349,18 @@ def _discovery(
             "leave out --config and --backend"
         )
     api, context_namespace = connect(kubeconfig)
-    return Discovery(api, namespace or context_namespace or "default", endpoint)
+    return Discovery(
+        api,
+        namespace or context_namespace or "default",
+        endpoint,
+        kv_events_options=urlencode(kv_options, safe=":/"),
+    )
 
 
 def _kv_events(given: tuple[str, ...]) -> dict[str, str]:
-    """``--kv-events URL=tcp://...`` options as {instance URL: endpoint}, checked."""
-    from preheat.router.config import check_kv_events, check_url
+    """``--kv-events URL=tcp://...`` options as {instance URL: setting}; the URLs checked
+    here, the settings by ``with_kv_events`` (with ``kv_events_options`` applied)."""
+    from preheat.router.config import check_url
 
     out: dict[str, str] = {}
     for item in given:
@@ -311,7 +371,7 @@ def _kv_events(given: tuple[str, ...]) -> dict[str, str]:
                 "http://127.0.0.1:8001=tcp://127.0.0.1:5557"
             )
         url = check_url(url, where="--kv-events")
-        out[url] = check_kv_events(endpoint, where=f"--kv-events {url}")
+        out[url] = endpoint
     return out
 
 

@@ -20,6 +20,8 @@ File format (YAML or JSON; see docs/routing.md)::
     # real model's engine, tokenizer/hash/replay, are in router/kvspec.py):
     #   - {url: http://127.0.0.1:8001, kv_events: tcp://127.0.0.1:5557}
     kv_events_silence_s: 5.0        # owed KV events missing this long -> learned fallback
+    kv_events_options: {}           # tokenizer/hash/hash_seed/block_size for every instance's
+                                    # kv_events (its own fields win; router/kvspec.py)
     upstream_timeout_s: 300         # no byte from the instance for this long -> 504
     connect_timeout_s: 5
     max_body_bytes: 8388608         # larger request bodies -> 413
@@ -64,7 +66,7 @@ _HEALTH_BOUNDS = {
     "failures": (1, 100, True),
 }
 _WEIGHT_BOUNDS = (0, 1e6)
-_TOP_KEYS = {"variants", "health", *_TOP_BOUNDS}
+_TOP_KEYS = {"variants", "health", "kv_events_options", *_TOP_BOUNDS}
 _HEALTH_KEYS = {"path", *_HEALTH_BOUNDS}
 PATCHABLE = (
     "strategy",
@@ -123,6 +125,9 @@ class RouterConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     kv_events_silence_s: float = 5.0
     health: HealthConfig = field(default_factory=HealthConfig)
+    # How every instance's engine hashes prompts, unless its own kv_events says otherwise
+    # (router/kvspec.py OPTION_KEYS); already applied to the variants' kv_events.
+    kv_events_options: tuple[tuple[str, str], ...] = ()
 
     def variant(self, name: str) -> VariantConfig:
         for v in self.variants:
@@ -145,6 +150,7 @@ class RouterConfig:
             "connect_timeout_s": self.connect_timeout_s,
             "max_body_bytes": self.max_body_bytes,
             "kv_events_silence_s": self.kv_events_silence_s,
+            "kv_events_options": dict(self.kv_events_options),
             "health": {
                 "interval_s": h.interval_s,
                 "timeout_s": h.timeout_s,
@@ -194,8 +200,11 @@ def _number(value: Any, where: str, lo: float, hi: float, *, integer: bool = Fal
     return value
 
 
-def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
-    """Validate one variant mapping; errors name the variant and the field."""
+def parse_variant(
+    data: Any, *, where: str = "variant", kv_options: Mapping[str, str] | None = None
+) -> VariantConfig:
+    """Validate one variant mapping; errors name the variant and the field.
+    ``kv_options`` (``kv_events_options``) fill the instances' ``kv_events`` fields."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where} must be a mapping with at least a 'name'")
     name = data.get("name")
@@ -245,7 +254,9 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
         urls.append(url)
         ev = item.get("kv_events") if isinstance(item, Mapping) else None
         if ev is not None:
-            events.append((url, check_kv_events(ev, where=f"{where}: instance {url}")))
+            events.append(
+                (url, check_kv_events(ev, where=f"{where}: instance {url}", options=kv_options))
+            )
     if len(set(urls)) != len(urls):
         raise ConfigError(f"{where}: an instance is listed twice")
     return VariantConfig(
@@ -258,17 +269,26 @@ def parse_variant(data: Any, *, where: str = "variant") -> VariantConfig:
     )
 
 
-def check_kv_events(endpoint: Any, *, where: str) -> str:
+def check_kv_events(endpoint: Any, *, where: str, options: Mapping[str, str] | None = None) -> str:
     """A KV-event setting (router/kvspec.py: ``tcp://host:port`` as vLLM binds it, or a
-    mapping with endpoint, replay, tokenizer, hash, hash_seed, block_size), as one string."""
+    mapping with endpoint, replay, tokenizer, hash, hash_seed, block_size), as one string;
+    ``options`` (``kv_events_options``) fill the fields it leaves out."""
     from preheat.router.kvspec import parse_kv_events
 
-    return parse_kv_events(endpoint, where=where).canonical()
+    return parse_kv_events(endpoint, where=where, options=options).canonical(options or ())
+
+
+def check_kv_events_options(value: Any, *, where: str = "kv_events_options") -> dict[str, str]:
+    """``kv_events_options`` checked (router/kvspec.py ``parse_kv_events_options``)."""
+    from preheat.router.kvspec import parse_kv_events_options
+
+    return parse_kv_events_options(value, where=where)
 
 
 def with_kv_events(config: RouterConfig, endpoints: Mapping[str, str]) -> RouterConfig:
-    """``config`` with KV-event endpoints added to the named instances (``--kv-events``);
-    an instance URL in no variant is an error that lists the known ones."""
+    """``config`` with KV-event endpoints added to the named instances (``--kv-events``,
+    the config's ``kv_events_options`` applied); an instance URL in no variant is an
+    error that lists the known ones."""
     known = {u: v.name for v in config.variants for u in v.instances}
     for url in endpoints:
         if url not in known:
@@ -278,7 +298,13 @@ def with_kv_events(config: RouterConfig, endpoints: Mapping[str, str]) -> Router
             )
     out = []
     for v in config.variants:
-        ev = dict(v.kv_events) | {u: e for u, e in endpoints.items() if known[u] == v.name}
+        opts = dict(config.kv_events_options)
+        given = {
+            u: check_kv_events(e, where=f"--kv-events {u}", options=opts)
+            for u, e in endpoints.items()
+            if known[u] == v.name
+        }
+        ev = dict(v.kv_events) | given
         out.append(replace(v, kv_events=tuple((u, ev[u]) for u in v.instances if u in ev)))
     return replace(config, variants=tuple(out))
 
@@ -296,7 +322,10 @@ def parse_config(data: Any) -> RouterConfig:
     raw = data.get("variants")
     if not isinstance(raw, list) or not raw:
         raise ConfigError("the router config needs a non-empty 'variants' list")
-    variants = tuple(parse_variant(v, where=f"variants[{i}]") for i, v in enumerate(raw))
+    kv_options = check_kv_events_options(data.get("kv_events_options") or {})
+    variants = tuple(
+        parse_variant(v, where=f"variants[{i}]", kv_options=kv_options) for i, v in enumerate(raw)
+    )
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError(f"variant names must be unique; got {names}")
@@ -314,7 +343,10 @@ def parse_config(data: Any) -> RouterConfig:
         path=_health_path(health_raw.get("path", _default(HealthConfig, "path"))),
     )
     return RouterConfig(
-        variants=variants, health=health, **_numbers(data, RouterConfig, _TOP_BOUNDS, "")
+        variants=variants,
+        health=health,
+        kv_events_options=tuple(kv_options.items()),
+        **_numbers(data, RouterConfig, _TOP_BOUNDS, ""),
     )
 
 

@@ -35,7 +35,10 @@ What the front gets right (tests/integration/test_router_front.py):
   as nginx does) cancels its request at once, not at the next write: the upstream
   connection is closed, so the engine stops generating, and the request leaves the
   in-flight count;
-* a connection idle for ``IDLE_S`` with nothing in progress is closed.
+* a connection idle for ``IDLE_S`` with nothing in progress is closed;
+* the answer's headers are the instance's (or the aiohttp application's) own, every
+  value of a repeated one kept (``wire.passed_headers``: hop-by-hop, framing and
+  ``Date`` left out), then the router's (tests/integration/test_router_headers.py).
 """
 
 from __future__ import annotations
@@ -77,7 +80,6 @@ _RELAY_HOP = frozenset(
     {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te"}
     | {b"upgrade", b"expect"}
 )
-_RESP_HOP = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "date"})
 
 
 class _Reject(Exception):
@@ -398,18 +400,23 @@ class FrontProtocol(asyncio.Protocol):
 
     # --- Sink -----------------------------------------------------------------------------
 
-    def reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
+    def reply(self, status: int, headers: dict[str, str], body: bytes, passed: str = "") -> None:
         req = self.cur
         self._answered = True
         t = self.transport
         if t is None or self.closed:
             return
         h = http1.head(
-            status, headers, length=len(body), keep_alive=req.keep_alive, http10=req.http10
+            status,
+            headers,
+            length=len(body),
+            keep_alive=req.keep_alive,
+            http10=req.http10,
+            passed=passed,
         )
         t.write(h if req.head else h + body)
 
-    async def start(self, status: int, headers: dict[str, str]) -> None:
+    async def start(self, status: int, headers: dict[str, str], passed: str = "") -> None:
         req = self.cur
         self._answered = True
         if req.http10:
@@ -418,7 +425,14 @@ class FrontProtocol(asyncio.Protocol):
         if t is None or self.closed:
             raise ConnectionResetError("the client closed the connection")
         t.write(
-            http1.head(status, headers, length=None, keep_alive=req.keep_alive, http10=req.http10)
+            http1.head(
+                status,
+                headers,
+                length=None,
+                keep_alive=req.keep_alive,
+                http10=req.http10,
+                passed=passed,
+            )
         )
 
     async def write(self, chunk: bytes) -> None:
@@ -460,7 +474,7 @@ class FrontProtocol(asyncio.Protocol):
             self.reply(502, {"Content-Type": "application/json; charset=utf-8"}, body)
             return
         async with resp:
-            hdrs = {k: v for k, v in resp.headers.items() if k not in _RESP_HOP}
+            passed = resp.passed  # every header of the application's answer, repeats kept
             length = resp.length
             if req.head:  # the length of the body a GET would get, and no body
                 cl = resp.headers.get("content-length", "0")
@@ -469,17 +483,18 @@ class FrontProtocol(asyncio.Protocol):
                     t.write(
                         http1.head(
                             resp.status,
-                            hdrs,
+                            {},
                             length=int(cl) if cl.isdigit() else 0,
                             keep_alive=req.keep_alive,
                             http10=req.http10,
+                            passed=passed,
                         )
                     )
                 return
             if length is not None:
-                self.reply(resp.status, hdrs, await resp.read())
+                self.reply(resp.status, {}, await resp.read(), passed)
                 return
-            await self.start(resp.status, hdrs)
+            await self.start(resp.status, {}, passed)
             async for piece in resp.iter_any():
                 await self.write(piece)
             await self.end()

@@ -50,11 +50,13 @@ def head(
     length: int | None,
     keep_alive: bool,
     http10: bool = False,
+    passed: str = "",
 ) -> bytes:
-    """A response head: status line, ``headers``, the framing (``Content-Length`` when
-    ``length`` is given, else chunked, or close-delimited for an HTTP/1.0 client),
+    """A response head: status line, ``passed`` (an instance's own header lines, as
+    ``wire.passed_headers`` gives them), ``headers``, the framing (``Content-Length``
+    when ``length`` is given, else chunked, or close-delimited for an HTTP/1.0 client),
     ``Date`` and the ``Connection`` header the client needs to know what comes next."""
-    parts = [status_line(status)]
+    parts = [status_line(status), passed]
     for k, v in headers.items():
         parts.append(f"{k}: {v}\r\n")
     if length is not None:

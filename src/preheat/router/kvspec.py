@@ -20,7 +20,7 @@ the fix: a missing tokenizer.json, an unknown hash, a vLLM hash without its seed
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,19 @@ from preheat.errors import ConfigError
 from preheat.kvhash import make_scheme
 from preheat.router.kvprompt import EngineCodec, PromptBlocks
 
-__all__ = ["KVEventsSpec", "PromptCache", "parse_kv_events", "prompt_blocks"]
+__all__ = [
+    "OPTION_KEYS",
+    "KVEventsSpec",
+    "PromptCache",
+    "parse_kv_events",
+    "parse_kv_events_options",
+    "prompt_blocks",
+]
 
 _KEYS = ("endpoint", "replay", "tokenizer", "hash", "hash_seed", "block_size")
+#: The fields ``kv_events_options`` may set for every instance at once: how the engines
+#: hash prompts. The endpoints are each instance's own.
+OPTION_KEYS = ("tokenizer", "hash", "hash_seed", "block_size")
 
 
 def _endpoint(value: Any, *, where: str, field: str) -> str:
@@ -59,24 +69,64 @@ class KVEventsSpec:
     hash_seed: str | None = None
     block_size: int = 16
 
-    def canonical(self) -> str:
-        """The one-string form; the plain endpoint when everything else is the default."""
+    def canonical(self, explicit: Collection[str] = ()) -> str:
+        """The one-string form; the plain endpoint when everything else is the default.
+        Fields named in ``explicit`` (those ``kv_events_options`` set) are written even at
+        their default, so that the options cannot override them when it is read again."""
         q: dict[str, str] = {}
         if self.replay:
             q["replay"] = self.replay
-        if self.tokenizer != "engine":
+        if self.tokenizer != "engine" or "tokenizer" in explicit:
             q["tokenizer"] = self.tokenizer
-        if self.hash != ("builtin" if self.tokenizer == "engine" else "sha256"):
+        if self.hash != ("builtin" if self.tokenizer == "engine" else "sha256") or (
+            "hash" in explicit
+        ):
             q["hash"] = self.hash
         if self.hash_seed is not None:
             q["hash_seed"] = self.hash_seed
-        if self.block_size != 16:
+        if self.block_size != 16 or "block_size" in explicit:
             q["block_size"] = str(self.block_size)
         return self.endpoint + ("?" + urlencode(q, safe=":/") if q else "")
 
 
-def parse_kv_events(value: Any, *, where: str) -> KVEventsSpec:
-    """Validate a ``kv_events`` value: an endpoint string (with options) or a mapping."""
+def parse_kv_events_options(value: Any, *, where: str = "kv_events_options") -> dict[str, str]:
+    """Validate ``kv_events_options`` (a mapping, or ``key=value&...`` as the CLI takes it):
+    defaults for every instance's ``kv_events`` fields ``OPTION_KEYS``, which an
+    instance's own setting overrides. Returns them as strings, checked together (a vLLM
+    hash needs its seed, a tokenizer path its tokenizer.json)."""
+    if isinstance(value, str):
+        text = value.lstrip("?&")
+        if any(part and "=" not in part for part in text.split("&")):
+            raise ConfigError(
+                f"{where} {value!r} is not key=value pairs joined by '&', e.g. "
+                "hash=sha256_cbor&hash_seed=0&tokenizer=/models/snap"
+            )
+        raw: dict[str, Any] = dict(parse_qsl(text, keep_blank_values=True))
+    elif isinstance(value, Mapping):
+        raw = dict(value)
+    else:
+        raise ConfigError(f"{where} {value!r} must be a mapping of {', '.join(OPTION_KEYS)}")
+    for key in raw:
+        if key in ("endpoint", "replay"):
+            raise ConfigError(
+                f"{where}: {key} is each instance's own; give it in the instance's kv_events "
+                "(or, in Kubernetes, as the slice's kv-events / kv-replay port)"
+            )
+        if key not in OPTION_KEYS:
+            raise ConfigError(
+                f"{where}: unknown key {key!r}; known: {', '.join(OPTION_KEYS)}"
+                + ("; the silence timeout is kv_events_silence_s" if key == "silence_s" else "")
+            )
+    out = {k: str(raw[k]) for k in OPTION_KEYS if k in raw and raw[k] is not None}
+    parse_kv_events({"endpoint": "tcp://127.0.0.1:1", **out}, where=where)  # values checked
+    return out
+
+
+def parse_kv_events(
+    value: Any, *, where: str, options: Mapping[str, str] | None = None
+) -> KVEventsSpec:
+    """Validate a ``kv_events`` value: an endpoint string (with options) or a mapping;
+    ``options`` (``parse_kv_events_options``) fill the fields it does not set."""
     if isinstance(value, str):
         head, _, query = value.partition("?")
         raw: dict[str, Any] = dict(parse_qsl(query, keep_blank_values=True))
@@ -87,6 +137,8 @@ def parse_kv_events(value: Any, *, where: str) -> KVEventsSpec:
         raise ConfigError(
             f"{where}: kv_events {value!r} must be tcp://host:port or a mapping with endpoint"
         )
+    if options:
+        raw = {**options, **raw}
     unknown = sorted(set(raw) - set(_KEYS))
     if unknown:
         raise ConfigError(

@@ -7,8 +7,9 @@ policy choose among its healthy, non-draining instances (none -> 503 with
 ``Retry-After``), count it in flight, forward. An instance that refuses the connection
 is marked unhealthy and the request is tried once more on another; one that sends
 nothing for ``upstream_timeout_s`` -> 504; one that dies mid-stream ends the client's
-stream with an ``error`` event and is marked unhealthy. Each response carries
-``X-Preheat-Instance`` and ``X-Preheat-Outcome`` headers.
+stream with an ``error`` event and is marked unhealthy. Each response carries the
+instance's own headers (repeats kept; hop-by-hop and framing ones left out:
+``wire.passed_headers``) and ``X-Preheat-Instance`` and ``X-Preheat-Outcome``.
 
 The logic does not know the HTTP server: a server turns a request into an ``Incoming``
 and gives ``Proxy.handle`` a ``Sink`` to answer through. Two servers do: the raw-protocol
@@ -38,7 +39,13 @@ from aiohttp import web
 
 from preheat.errors import ConfigError, NoHealthyInstance
 from preheat.router.policies import Choice, RouteRequest
-from preheat.router.proxy_web import AiohttpResponse, WebSink, https_post, incoming_of
+from preheat.router.proxy_web import (
+    AiohttpResponse,
+    WebSink,
+    https_post,
+    incoming_of,
+    multidict_of,
+)
 from preheat.router.state import RoutingState, Upstream, VariantRuntime
 from preheat.router.upstream import (
     ConnectFailed,
@@ -53,6 +60,7 @@ from preheat.router.wire import (
     Incoming,
     Sink,
     error_body,
+    passed_headers,
     reply_error,
     too_large_message,
 )
@@ -64,6 +72,7 @@ log = logging.getLogger("preheat.router")
 
 #: Request ids only need to be unique: a seeded PRNG, not a syscall per request.
 _ids = random.Random()
+JSON = "application/json"
 
 
 def openai_error(
@@ -133,9 +142,10 @@ class Proxy:
                         up.id + "/v1/models", timeout=self.client_timeout
                     ) as resp:
                         data = await resp.read()
-                        ctype = resp.headers.get("Content-Type", "application/json")
+                        passed = passed_headers(resp.headers.items())
+                        mine = {} if "Content-Type" in resp.headers else {"Content-Type": JSON}
                         return web.Response(
-                            body=data, status=resp.status, headers={"Content-Type": ctype}
+                            body=data, status=resp.status, headers=multidict_of(passed, mine)
                         )
                 except (aiohttp.ClientError, TimeoutError):
                     continue
@@ -262,8 +272,9 @@ class Proxy:
                 ok = resp.status < 400
                 if sampled and ok:
                     usage = _usage_of(data)
-                extra["Content-Type"] = ctype
-                out.reply(resp.status, extra, data)
+                if "content-type" not in resp.headers:
+                    extra["Content-Type"] = ctype
+                out.reply(resp.status, extra, data, resp.passed)
                 return True
         finally:
             up.in_flight -= 1
@@ -329,7 +340,9 @@ class Proxy:
         rt: VariantRuntime,
     ) -> tuple[dict[str, Any] | None, bool]:
         """Pass an SSE answer through piece by piece as it arrives."""
-        await out.start(resp.status, {**extra, "Content-Type": ctype, "Cache-Control": "no-cache"})
+        if "cache-control" not in resp.headers:
+            extra["Cache-Control"] = "no-cache"
+        await out.start(resp.status, extra, resp.passed)
         tail = b""
         ok = resp.status < 400
         try:

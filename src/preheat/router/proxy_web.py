@@ -10,14 +10,15 @@ request it does not serve itself to the aiohttp application, and in tests that m
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from preheat.router.state import VARIANT_HEADER
 from preheat.router.upstream import BadResponse, ConnectFailed, Disconnected
-from preheat.router.wire import HINT_HEADER, HOP, Incoming
+from preheat.router.wire import HINT_HEADER, HOP, Incoming, passed_headers
 
 log = logging.getLogger("preheat.router")
 
@@ -49,11 +50,12 @@ class WebSink:
             raise RuntimeError("the proxy handler did not answer")
         return self._response
 
-    def reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self._response = web.Response(body=body, status=status, headers=headers)
+    def reply(self, status: int, headers: dict[str, str], body: bytes, passed: str = "") -> None:
+        hdrs = multidict_of(passed, headers)
+        self._response = web.Response(body=body, status=status, headers=hdrs)
 
-    async def start(self, status: int, headers: dict[str, str]) -> None:
-        out = web.StreamResponse(status=status, headers=headers)
+    async def start(self, status: int, headers: dict[str, str], passed: str = "") -> None:
+        out = web.StreamResponse(status=status, headers=multidict_of(passed, headers))
         await out.prepare(self.request)
         self._response = out
 
@@ -62,6 +64,19 @@ class WebSink:
 
     async def end(self) -> None:
         await self.response.write_eof()
+
+
+def multidict_of(passed: str, headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """An instance's passed header lines (repeats kept) and then the router's ``headers``
+    (each replacing any the instance sent) as aiohttp response headers."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for line in passed.split("\r\n"):
+        k, sep, v = line.partition(": ")
+        if sep:
+            out.add(k, v)
+    for k, v in headers.items():
+        out[k] = v
+    return out
 
 
 def _headers_of(block: bytes) -> dict[str, str]:
@@ -111,6 +126,7 @@ class AiohttpResponse:
         self.resp = resp
         self.status = resp.status
         self.headers = {k.lower(): v for k, v in resp.headers.items()}
+        self.passed = passed_headers(resp.headers.items())
 
     async def __aenter__(self) -> AiohttpResponse:
         return self

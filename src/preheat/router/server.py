@@ -263,11 +263,20 @@ async def serve(
             shutil.rmtree(sockdir, ignore_errors=True)
 
 
-def run(router: Router, *, host: str = "127.0.0.1", port: int, front: str = "raw") -> None:
-    """Blocking entry point: run ``serve`` on uvloop when it is installed."""
+def run(
+    router: Router,
+    *,
+    host: str = "127.0.0.1",
+    port: int,
+    front: str = "raw",
+    ready: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Blocking entry point: run ``serve`` on uvloop when it is installed; ``ready`` is
+    awaited once the router listens (Kubernetes mode starts its discovery there)."""
+    main = serve(router, host=host, port=port, ready=ready, front=front)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        asyncio.run(serve(router, host=host, port=port, front=front))
+        asyncio.run(main)
         return
-    uvloop.run(serve(router, host=host, port=port, front=front))
+    uvloop.run(main)

@@ -35,10 +35,13 @@ from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from preheat.router.wire import RESP_DROP, passed_headers
+
 MAX_HEAD = 65536
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 _CRLF2 = b"\r\n\r\n"
+_CONN_TOKENS = frozenset({"", "close", "keep-alive"})
 
 
 class UpstreamError(Exception):
@@ -154,18 +157,28 @@ def _expire(w: asyncio.Future[None]) -> None:
 
 
 class UpstreamResponse:
-    """A response being read from a ``_Conn``: status, headers (lower-case names) and the
+    """A response being read from a ``_Conn``: status, headers (lower-case names, the last
+    value of a repeated one), ``passed`` (the header lines to pass on to the client, every
+    value, as ``wire.passed_headers`` filters them) and the
     body through ``read()`` or ``iter_any()``. Use as an async context manager: leaving
     it returns a fully read connection to the pool and closes any other."""
 
-    __slots__ = ("_chunked", "_done", "_left", "conn", "headers", "keep_alive", "status")
+    __slots__ = ("_chunked", "_done", "_left", "conn", "headers", "keep_alive", "passed", "status")
 
     def __init__(
-        self, conn: _Conn, status: int, headers: dict[str, str], keep: bool, *, head: bool = False
+        self,
+        conn: _Conn,
+        status: int,
+        headers: dict[str, str],
+        keep: bool,
+        *,
+        head: bool = False,
+        passed: str = "",
     ) -> None:
         self.conn = conn
         self.status = status
         self.headers = headers
+        self.passed = passed
         te = headers.get("transfer-encoding", "")
         self._chunked = "chunked" in te.lower()
         cl = headers.get("content-length")
@@ -472,16 +485,28 @@ class UpstreamPool:
             conn.close()
             raise BadResponse(f"bad status {status_line[1]!r}") from exc
         hdrs: dict[str, str] = {}
+        kept: list[str] = []  # the lines passed on to the client, as they came
+        drop = RESP_DROP
         for line in lines[1:]:
             k, sep, v = line.partition(":")
             if sep:
-                hdrs[k.strip().lower()] = v.strip()
+                low = k.strip().lower()
+                hdrs[low] = v.strip()
+                if low not in drop:
+                    kept.append(line)
+        named = hdrs.get("connection")
+        if named and kept and set(named.lower().replace(" ", "").split(",")) - _CONN_TOKENS:
+            # It names headers to drop: the full filter.
+            cut = (ln.partition(":") for ln in lines[1:] if ":" in ln)
+            passed = passed_headers((k.strip(), v.strip()) for k, _, v in cut)
+        else:
+            passed = "\r\n".join(kept) + "\r\n" if kept else ""
         keep = status_line[0] == "HTTP/1.1" and hdrs.get("connection", "").lower() != "close"
         if 100 <= status < 200:  # never asked for (no Expect is forwarded)
             conn.close()
             raise BadResponse(f"unexpected interim response {status}")
         try:
-            resp = UpstreamResponse(conn, status, hdrs, keep, head=is_head)
+            resp = UpstreamResponse(conn, status, hdrs, keep, head=is_head, passed=passed)
         except BadResponse:
             conn.close()
             raise

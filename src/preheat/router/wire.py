@@ -8,6 +8,7 @@ works with either. Error bodies are in the OpenAI format.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +32,38 @@ HOP = frozenset(
     }
 )
 ERROR_CTYPE = "application/json; charset=utf-8"
+#: Response headers of an instance not passed on to the client: hop-by-hop (RFC 9110
+#: 7.6.1), the framing (the server frames the answer itself), ``Date`` (the router's
+#: own) and the two the router sets. Every other header is passed, repeats kept.
+RESP_DROP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "date",
+        "x-preheat-instance",
+        "x-preheat-outcome",
+    }
+)
+
+
+def passed_headers(pairs: Iterable[tuple[str, str]]) -> str:
+    """An instance's response headers ``(name, value)`` as the ``Name: value\\r\\n``
+    lines passed on to the client: every value of a repeated header (``Set-Cookie``,
+    ``Vary``, ``Link``) in order, ``RESP_DROP`` and the names ``Connection`` lists left
+    out."""
+    pairs = list(pairs)
+    drop = RESP_DROP
+    for k, v in pairs:
+        if k.lower() == "connection":
+            drop = drop | {t.strip().lower() for t in v.split(",")}
+    return "".join(f"{k}: {v}\r\n" for k, v in pairs if k.lower() not in drop)
 
 
 def error_body(status: int, message: str, kind: str) -> bytes:
@@ -57,11 +90,15 @@ class Incoming:
 
 
 class Sink(Protocol):
-    """Where a handler answers: one ``reply``, or ``start`` + ``write``... + ``end``."""
+    """Where a handler answers: one ``reply``, or ``start`` + ``write``... + ``end``.
+    ``passed`` is the instance's own headers (``passed_headers``), sent before
+    ``headers``, the router's."""
 
-    def reply(self, status: int, headers: dict[str, str], body: bytes) -> None: ...
+    def reply(self, status: int, headers: dict[str, str], body: bytes, passed: str = "") -> None:
+        """Answer at once with a whole body."""
 
-    async def start(self, status: int, headers: dict[str, str]) -> None: ...
+    async def start(self, status: int, headers: dict[str, str], passed: str = "") -> None:
+        """Send the head of a streamed answer."""
 
     async def write(self, chunk: bytes) -> None:
         """Send one piece now; ``ConnectionError`` once the client has gone."""
