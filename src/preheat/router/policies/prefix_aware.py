@@ -290,7 +290,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._ids,
             loads,
             seeds,
-            lambda: self._stable.weights(self._ids, self._weights, self._rl, self._g),
+            lambda only: self._stable.weights(self._ids, self._weights, self._rl, self._g, only),
             threshold=self.params.concurrency_threshold,
             precise=(lk.held_chars(pk.prompt_chars), lk.synced) if lk is not None else None,
             pos=self._pos,
