@@ -82,9 +82,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from math import exp, log
-from typing import Any
+from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
@@ -96,6 +96,7 @@ __all__ = [
     "HOT_SPREAD",
     "HYSTERESIS",
     "SPILL_CANDIDATES",
+    "Loads",
     "StablePlacement",
     "capacity_weights",
     "spread_for",
@@ -128,6 +129,17 @@ def spread_for(k: int, t: float, n: int) -> int:
     return down if down < k else k
 
 
+class Loads(Protocol):
+    """In-flight counts by instance position (a list, or a view that reads them lazily:
+    a decision that does not spill reads only its pick's)."""
+
+    def __getitem__(self, j: int, /) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+
 class StablePlacement:
     """Traffic counts per block, their spreads, and the decision of the module header."""
 
@@ -146,6 +158,11 @@ class StablePlacement:
         self._g = 1.0
         # instance -> decayed uncached prefill characters sent there (units of _g).
         self._fill: dict[str, float] = {}
+        # ``_fill`` as a list in the order of the ids ``weights`` was last given (that
+        # list object; None: to rebuild), and each id's position in it.
+        self._fill_ids: Sequence[str] | None = None
+        self._fill_list: list[float] = []
+        self._fill_at: dict[str, int] = {}
 
     # --- decision -----------------------------------------------------------------------
 
@@ -153,7 +170,7 @@ class StablePlacement:
         self,
         pk: PrefixKey,
         ids: Sequence[str],
-        loads: Sequence[int],
+        loads: Loads,
         seeds: Sequence[int],
         weights: Callable[[Sequence[int] | None], Sequence[float] | None],
         *,
@@ -360,6 +377,7 @@ class StablePlacement:
                 counts[h] /= g
             for x in self._fill:
                 self._fill[x] /= g
+            self._fill_ids = None
             self._total /= g
             self._g = 1.0
 
@@ -378,8 +396,12 @@ class StablePlacement:
             return None
         mean = sum(recent) / n
         norm = BALANCE_GAIN / max(mean, LOAD_FLOOR * g)
-        fget = self._fill.get
-        fill = [fget(x, 0.0) for x in ids]
+        if ids is not self._fill_ids or len(self._fill_list) != n:
+            fget = self._fill.get
+            self._fill_list = [fget(x, 0.0) for x in ids]
+            self._fill_at = {x: j for j, x in enumerate(ids)}
+            self._fill_ids = ids
+        fill = self._fill_list
         fmean = sum(fill) / n
         fnorm = FILL_GAIN / fmean if fmean > 0 else 0.0
         if only is not None:
@@ -398,6 +420,7 @@ class StablePlacement:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
         self._fill.pop(instance_id, None)
+        self._fill_ids = None
         self.predicted.forget(instance_id)
 
     def spread(self, h: int) -> int:
@@ -417,7 +440,10 @@ class StablePlacement:
         """Count the request, record it in the learned index and queue its ``uncached``
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
-        self._fill[instance_id] = self._fill.get(instance_id, 0.0) + uncached * self._g
+        v = self._fill[instance_id] = self._fill.get(instance_id, 0.0) + uncached * self._g
+        j = self._fill_at.get(instance_id)
+        if j is not None and self._fill_ids is not None:
+            self._fill_list[j] = v
         self.predicted.on_sent(pk, instance_id, uncached, body)
 
 
