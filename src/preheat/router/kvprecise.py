@@ -120,8 +120,7 @@ class PreciseIndex:
         # Bumped whenever an instance's state or prompt changes: ``lookup`` keeps which of
         # the ids it was last given are synced (and their masks) until then.
         self._version = 0
-        self._plan: tuple[tuple[str, ...], int, list[str], list[tuple[PromptBlocks, int]]] | None
-        self._plan = None
+        self._plan: Any = None
 
     def add(self, instance_id: str, prompt: PromptBlocks | None = None) -> None:
         """Track ``instance_id``; ``prompt``: how its engine hashes prompts (default: the
@@ -211,9 +210,11 @@ class PreciseIndex:
         instance of ``ids`` is synced or the body has no prompt to tokenize."""
         if body is None:
             return None
-        synced, masks = self._synced_of(ids)
+        synced, masks, zeros, synced_set = self._synced_of(ids)
         if not synced:
             return None
+        if len(masks) == 1:
+            return self._lookup_one(body, masks[0], zeros, synced_set)
         held_n: dict[str, int] = {}
         group: dict[str, int] = {}
         groups: list[tuple[tuple[int, ...], int, int]] = []
@@ -250,13 +251,53 @@ class PreciseIndex:
         h0, n0, b0 = groups[0]
         return Lookup(h0, n0, b0, held_n, frozenset(group), tuple(groups), group)
 
-    def _synced_of(self, ids: Collection[str]) -> tuple[list[str], list[tuple[PromptBlocks, int]]]:
-        """The synced instances of ``ids``, and per prompt codec the bitmask of its synced
-        instances (in order of first appearance); kept until ``ids`` or a state changes."""
+    def _lookup_one(
+        self,
+        body: Mapping[str, Any],
+        pb_mask: tuple[PromptBlocks, int],
+        zeros: dict[str, int],
+        synced: frozenset[str],
+    ) -> Lookup | None:
+        """``lookup`` when every synced instance reads prompts one way (one group): an
+        instance starts at 0 held, and only those holding blocks are written."""
+        pb, mask = pb_mask
+        got = pb.blocks(body)
+        if got is None:
+            return None
+        hashes, ntok = got
+        held, by_bit = self._mask, self._by_bit
+        held_n = zeros.copy()
+        cur = mask
+        for j, h in enumerate(hashes):
+            m = held.get(h, 0) & cur
+            if m != cur:
+                if j:
+                    gone = cur & ~m
+                    while gone:
+                        low = gone & -gone
+                        held_n[by_bit[low]] = j
+                        gone ^= low
+                cur = m
+                if not cur:
+                    break
+        n = len(hashes)
+        while cur:
+            low = cur & -cur
+            held_n[by_bit[low]] = n
+            cur ^= low
+        t = tuple(hashes)
+        return Lookup(t, ntok, pb.block_size, held_n, synced, ((t, ntok, pb.block_size),), zeros)
+
+    def _synced_of(
+        self, ids: Collection[str]
+    ) -> tuple[list[str], list[tuple[PromptBlocks, int]], dict[str, int], frozenset[str]]:
+        """The synced instances of ``ids``; per prompt codec the bitmask of its synced
+        instances (in order of first appearance); each synced instance mapped to 0, and
+        their set. Kept until ``ids`` or a state changes (read-only to callers)."""
         key = ids if isinstance(ids, tuple) else tuple(ids)
         plan = self._plan
         if plan is not None and plan[1] == self._version and plan[0] == key:
-            return plan[2], plan[3]
+            return plan[2], plan[3], plan[4], plan[5]
         inst = self.instances
         masks: dict[int, tuple[PromptBlocks, int]] = {}
         synced = []
@@ -268,8 +309,10 @@ class PreciseIndex:
                 pb_mask = masks.get(k)
                 masks[k] = (ib.prompt, (pb_mask[1] if pb_mask else 0) | ib.bit)
         out = list(masks.values())
-        self._plan = (key, self._version, synced, out)
-        return synced, out
+        zeros = dict.fromkeys(synced, 0)
+        fs = frozenset(synced)
+        self._plan = (key, self._version, synced, out, zeros, fs)
+        return synced, out, zeros, fs
 
     def sent(self, instance_id: str, lookup: Lookup) -> None:
         """The prompt of ``lookup`` went to ``instance_id``: it owes events if it lacks some
