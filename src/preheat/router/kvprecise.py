@@ -96,7 +96,10 @@ class Lookup:
         groups = self.groups
         if len(groups) <= 1:
             _, ntok, bs = groups[0] if groups else (0, self.num_tokens, self.block_size)
-            return {x: int(n * bs * prompt_chars / max(ntok, 1)) for x, n in self.held.items() if n}
+            d = max(ntok, 1)
+            # Once per distinct count: most instances hold the same leading blocks.
+            of = {n: int(n * bs * prompt_chars / d) for n in set(self.held.values()) if n}
+            return {x: of[n] for x, n in self.held.items() if n}
         for x, n in self.held.items():
             if n:
                 _, ntok, bs = groups[self.group[x]]
