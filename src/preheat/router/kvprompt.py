@@ -124,7 +124,7 @@ def _cutter(size: int) -> re.Pattern[str]:
     # At least ``size`` characters, then lazily up to a letter followed by " " + letter.
     # Consecutive matches tile the text: once a match fails, no later one can succeed
     # (a qualifying space after a later start would qualify for this one too).
-    return re.compile(r"(?s).{%d}.*?(?<=[A-Za-z])(?= [A-Za-z])" % size)
+    return re.compile(r"(?s).{" + str(size) + r"}.*?(?<=[A-Za-z])(?= [A-Za-z])")
 
 
 class PromptBlocks:
