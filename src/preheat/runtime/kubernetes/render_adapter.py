@@ -34,10 +34,12 @@ from preheat.runtime.kubernetes.render import (
     Rule,
     _binding,
     _container,
+    _deployment,
     _labels,
     _role,
     _rule,
     _sa,
+    _service,
 )
 
 __all__ = [
@@ -98,43 +100,26 @@ def adapter_manifests(
     args = ["metrics-adapter", "--host", "0.0.0.0", "--port", str(ADAPTER_PORT)]
     for n in names:
         args += ["--tls-san", n]
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": ADAPTER_NAME, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": ADAPTER_NAME,
-                    "containers": [
-                        _container(
-                            "adapter",
-                            image,
-                            args,
-                            [("https", ADAPTER_PORT)],
-                            readinessProbe={
-                                "httpGet": {"path": "/healthz", "port": "https", "scheme": "HTTPS"},
-                                "periodSeconds": 5,
-                            },
-                            resources={"requests": {"cpu": "50m", "memory": "128Mi"}},
-                        )
-                    ],
-                },
-            },
+    deployment = _deployment(
+        ADAPTER_NAME, namespace, labels,
+        {
+            "serviceAccountName": ADAPTER_NAME,
+            "containers": [
+                _container(
+                    "adapter",
+                    image,
+                    args,
+                    [("https", ADAPTER_PORT)],
+                    readinessProbe={
+                        "httpGet": {"path": "/healthz", "port": "https", "scheme": "HTTPS"},
+                        "periodSeconds": 5,
+                    },
+                    resources={"requests": {"cpu": "50m", "memory": "128Mi"}},
+                )
+            ],
         },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": ADAPTER_NAME, "namespace": namespace, "labels": labels},
-        "spec": {
-            "selector": labels,
-            "ports": [{"name": "https", "port": 443, "targetPort": "https"}],
-        },
-    }
+    )  # fmt: skip
+    service = _service(ADAPTER_NAME, namespace, labels, "https", 443)
     reader = _binding(
         "RoleBinding", f"{ADAPTER_NAME}-auth-reader", "Role", ADAPTER_NAME, namespace, labels,
         "kube-system",
