@@ -12,7 +12,7 @@ Three sets:
   the engine pods' ServiceAccount (``pod.serviceAccountName``, else ``default``) to the
   ``preheat-engine`` ClusterRole (read NodeCaches: a cold pod finds the agents' peers).
 
-Least privilege is written here, next to the verbs each component calls
+Least privilege is written in :mod:`.render_rbac`, next to the verbs each component calls
 (:data:`OPERATOR_RULES`, :data:`AGENT_RULES`, :data:`ROUTER_RULES`); the tests apply these
 Roles to ServiceAccounts on the real API server and check both what is allowed and a 403
 for a verb outside them. RBAC cannot scope a DaemonSet pod to "its own" NodeCache by name,
@@ -29,9 +29,20 @@ import yaml
 from preheat.control.spec import EndpointSpec
 from preheat.runtime.kubernetes import workload as _workload
 from preheat.runtime.kubernetes.autoscaler import hpa_body
-from preheat.runtime.kubernetes.crds import GROUP, custom_resource_definitions
+from preheat.runtime.kubernetes.crds import custom_resource_definitions
 from preheat.runtime.kubernetes.discovery import variant_service_name
 from preheat.runtime.kubernetes.mirror_config import DEFAULT_CONFIG_PATH
+from preheat.runtime.kubernetes.render_rbac import (
+    AGENT_PEER_RULES,
+    AGENT_RULES,
+    ENGINE_RULES,
+    OPERATOR_RULES,
+    OPERATOR_SETTINGS_RULES,
+    ROUTER_RULES,
+    _binding,
+    _role,
+    _sa,
+)
 from preheat.runtime.kubernetes.resources import PodOverrides, endpoint_object
 
 __all__ = [
@@ -69,115 +80,12 @@ MIRROR_PORT = 5001
 CONTAINERD_HOSTS_DIR = DEFAULT_CONFIG_PATH
 ROUTER_PORT = 8080
 
-_READ = ["get", "list", "watch"]
-_WRITE = ["create", "update", "patch", "delete"]
-_STATUS = ["get", "update", "patch"]
-
-Rule = dict[str, list[str]]
-
-
-def _rule(groups: Sequence[str], resources: Sequence[str], verbs: Sequence[str]) -> Rule:
-    return {"apiGroups": list(groups), "resources": list(resources), "verbs": list(verbs)}
-
-
-#: The operator: reconciles endpoints into caches and Deployments, labels nodes, emits Events.
-OPERATOR_RULES: tuple[Rule, ...] = (
-    _rule([GROUP], ["inferenceendpoints"], [*_READ, "update", "patch"]),
-    _rule([GROUP], ["inferenceendpoints/status"], _STATUS),
-    _rule([GROUP], ["inferenceendpoints/finalizers"], ["update"]),
-    _rule([GROUP], ["modeldatacaches", "modelimagecaches"], [*_READ, *_WRITE]),
-    _rule(
-        [GROUP],
-        ["modeldatacaches/status", "modelimagecaches/status", "revocations/status"],
-        _STATUS,
-    ),
-    _rule([GROUP], ["nodecaches", "revocations"], _READ),
-    _rule(["apps"], ["deployments"], [*_READ, *_WRITE]),
-    _rule([""], ["services"], [*_READ, *_WRITE]),
-    # delete: a pod on a lost node is deleted at once so its ReplicaSet replaces it.
-    _rule([""], ["pods"], [*_READ, "delete"]),
-    _rule([""], ["nodes"], [*_READ, "patch"]),
-    _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
-    # kopf: discover the CRDs and namespaces it serves (runs with --standalone: no peering).
-    _rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], _READ),
-    _rule([""], ["namespaces"], _READ),
-)
-
-#: The node agent: owns its node's store and NodeCache, leases snapshots for its pods.
-AGENT_RULES: tuple[Rule, ...] = (
-    _rule([GROUP], ["nodecaches"], [*_READ, "create", "update", "patch"]),
-    _rule([GROUP], ["nodecaches/status"], _STATUS),
-    _rule([GROUP], ["modeldatacaches", "modelimagecaches", "revocations"], _READ),
-    _rule([""], ["pods"], _READ),
-    _rule([""], ["nodes"], ["get", "patch"]),  # patch: its own Node's revision labels
-    _rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
-)
-
-#: The agent in its own namespace: the origin slot Leases (one per slot, claimed, renewed
-#: and freed by update) and the peer settings ConfigMap (read only).
-AGENT_PEER_RULES: tuple[Rule, ...] = (
-    _rule(["coordination.k8s.io"], ["leases"], ["get", "list", "create", "update"]),
-    _rule([""], ["configmaps"], ["get"]),
-)
-
-#: The operator in the system namespace: the cluster's peer settings (are peers on? then
-#: engine pods pull from the agents first).
-OPERATOR_SETTINGS_RULES: tuple[Rule, ...] = (_rule([""], ["configmaps"], ["get"]),)
-
-#: The engine pods' init container (``snapshot-init --peers-from-nodecaches``): the agents'
-#: peer URLs from their NodeCaches; cluster-scoped objects, so a ClusterRole.
-ENGINE_RULES: tuple[Rule, ...] = (_rule([GROUP], ["nodecaches"], ["get", "list"]),)
-
-#: The router: discovers the endpoint's pods and reads its routing spec; namespaced.
-ROUTER_RULES: tuple[Rule, ...] = (
-    _rule(["discovery.k8s.io"], ["endpointslices"], _READ),
-    _rule([GROUP], ["inferenceendpoints"], _READ),
-)
-
 
 def _labels(component: str, instance: str | None = None) -> dict[str, str]:
     out = {"app.kubernetes.io/name": f"preheat-{component}", "app.kubernetes.io/part-of": "preheat"}
     if instance:
         out["app.kubernetes.io/instance"] = instance
     return out
-
-
-def _sa(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-    }
-
-
-def _role(
-    kind: str, name: str, rules: Iterable[Rule], labels: dict[str, str], namespace: str | None
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": labels}
-    if namespace:
-        meta["namespace"] = namespace
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": kind,
-        "metadata": meta,
-        "rules": [dict(r) for r in rules],
-    }
-
-
-def _binding(
-    kind: str, name: str, role_kind: str, sa: str, sa_namespace: str, labels: dict[str, str],
-    namespace: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    meta: dict[str, Any] = {"name": name, "labels": labels}
-    if namespace:
-        meta["namespace"] = namespace
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": kind,
-        "metadata": meta,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_namespace}],
-    }
 
 
 def _container(
@@ -257,98 +165,7 @@ def system_manifests(
         },
         strategy={"type": "Recreate"},  # one operator at a time (kopf --standalone)
     )  # fmt: skip
-    agent = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "preheat-agent", "namespace": namespace, "labels": ag},
-        "spec": {
-            "selector": {"matchLabels": ag},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {
-                "metadata": {"labels": ag},
-                "spec": {
-                    "serviceAccountName": "preheat-agent",
-                    # The node's containerd (a host process) pulls through the mirror at
-                    # 127.0.0.1:MIRROR_PORT: only the host network reaches that loopback
-                    # (a hostPort is DNATed to the pod IP and not served on 127.0.0.1 by
-                    # most CNIs), and the mirror binds loopback only, so it is not exposed.
-                    "hostNetwork": True,
-                    "dnsPolicy": "ClusterFirstWithHostNet",
-                    # Every node that may run replicas needs its agent, GPU taints included.
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        _container(
-                            "agent",
-                            image,
-                            [
-                                "agent",
-                                "--node",
-                                "$(NODE_NAME)",
-                                "--store",
-                                STORE_HOST_PATH,
-                                "--port",
-                                str(AGENT_PORT),
-                                # peers: the token from the Secret, the URL others use
-                                "--peer-port",
-                                str(AGENT_PEER_PORT),
-                                "--peer-host",
-                                "$(POD_IP)",
-                                "--peer-url",
-                                f"http://$(POD_IP):{AGENT_PEER_PORT}",
-                                "--peer-token-file",
-                                f"{PEER_TOKEN_DIR}/token",
-                                "--namespace",
-                                namespace,
-                                "--mirror-port",
-                                str(MIRROR_PORT),
-                                "--containerd-hosts-dir",
-                                CONTAINERD_HOSTS_DIR,
-                            ],
-                            [
-                                ("http", AGENT_PORT),
-                                ("peers", AGENT_PEER_PORT),
-                                ("mirror", MIRROR_PORT),
-                            ],
-                            env=[
-                                {
-                                    "name": "NODE_NAME",
-                                    "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
-                                },
-                                {
-                                    "name": "POD_IP",
-                                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-                                },
-                            ],
-                            volumeMounts=[
-                                {"name": "store", "mountPath": STORE_HOST_PATH},
-                                {
-                                    "name": "peer-token",
-                                    "mountPath": PEER_TOKEN_DIR,
-                                    "readOnly": True,
-                                },
-                                {"name": "containerd-hosts", "mountPath": CONTAINERD_HOSTS_DIR},
-                            ],
-                            resources={"requests": {"cpu": "100m", "memory": "256Mi"}},
-                        )
-                    ],
-                    "volumes": [
-                        {
-                            "name": "store",
-                            "hostPath": {"path": STORE_HOST_PATH, "type": "DirectoryOrCreate"},
-                        },
-                        {
-                            "name": "peer-token",
-                            "secret": {"secretName": PEER_TOKEN_SECRET, "defaultMode": 0o400},
-                        },
-                        {
-                            "name": "containerd-hosts",
-                            "hostPath": {"path": CONTAINERD_HOSTS_DIR, "type": "DirectoryOrCreate"},
-                        },
-                    ],
-                },
-            },
-        },
-    }
+    agent = _agent_daemonset(namespace, image)
     return [
         {
             "apiVersion": "v1",
@@ -397,6 +214,13 @@ def system_manifests(
         agent,
         *(_adapter(namespace, image) if metrics_adapter else ()),
     ]
+
+
+def _agent_daemonset(namespace: str, image: str) -> dict[str, Any]:
+    # the DaemonSet's own module, which builds on this one's helpers
+    from preheat.runtime.kubernetes.render_agent import agent_daemonset
+
+    return agent_daemonset(namespace, image)
 
 
 def _adapter(namespace: str, image: str) -> list[dict[str, Any]]:

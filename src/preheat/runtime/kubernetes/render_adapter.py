@@ -30,17 +30,8 @@ import base64
 from typing import Any
 
 from preheat.runtime.kubernetes.metrics_adapter_core import GROUP, METRICS, VERSION
-from preheat.runtime.kubernetes.render import (
-    Rule,
-    _binding,
-    _container,
-    _deployment,
-    _labels,
-    _role,
-    _rule,
-    _sa,
-    _service,
-)
+from preheat.runtime.kubernetes.render import _container, _deployment, _labels, _service
+from preheat.runtime.kubernetes.render_rbac import Rule, _binding, _role, _rule, _sa
 
 __all__ = [
     "ADAPTER_NAME",
