@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,13 +146,22 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
              "--tick", "1"],
             base / "operator.log", env=env, inherit_env=False,
         )  # fmt: skip
+        # chat-main as an operator before kv-event ports made it: http only
+        old = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat-main"},
+               "spec": {"selector": {"preheat.dev/endpoint": "chat"},
+                        "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}  # fmt: skip
+        kube.rest().must("POST", "/api/v1/namespaces/default/services", old)
         try:
             agent.start()
             url = origin.url("m/preheat-manifest.json")
             yield World(kube, base, log, url, token, agent, operator, reg)
-        finally:
-            operator.stop(10)
-            agent.stop()
+        finally:  # both at once: each may take seconds to exit on a loaded machine
+            stops = [threading.Thread(target=operator.stop, args=(10,)),
+                     threading.Thread(target=agent.stop)]  # fmt: skip
+            for t in stops:
+                t.start()
+            for t in stops:
+                t.join()
 
 
 def _endpoint(world: World) -> dict[str, Any]:
@@ -215,9 +225,10 @@ def test_a_cold_node_pod_fills_from_the_peer_agent_not_the_origin(world: World) 
 
 
 def test_the_variant_services_slices_carry_the_engines_kv_event_ports(world: World) -> None:
-    """The engine template publishes KV events, so the operator's Service chat-main has
-    ports kv-events/kv-replay; the real EndpointSlice controller copies them with the
-    pod's address, and discovery's reading gives the router tcp://POD_IP:PORT with replay."""
+    """The engine template publishes KV events, so the operator gives the Service
+    chat-main (made before, with http only) ports kv-events/kv-replay; the real
+    EndpointSlice controller copies them with the pod's address, and discovery's reading
+    gives the router tcp://POD_IP:PORT with replay."""
     pod = _until("a Ready engine pod", lambda: _ready_pod(world), timeout=150)
     svc = world.kube.rest().get("/api/v1/namespaces/default/services/chat-main")
     assert [p["name"] for p in svc["spec"]["ports"]] == ["http", "kv-events", "kv-replay"]

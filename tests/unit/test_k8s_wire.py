@@ -130,6 +130,29 @@ def test_snapshot_init_without_its_optional_token_pulls_from_the_origin(
         peers_for(tmp_path / "none", ("http://127.0.0.1:1",), False)
 
 
+def test_snapshot_init_with_nodecaches_it_cannot_list_pulls_from_the_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An API server that cannot be reached (a closed port on 127.0.0.1) costs the agents'
+    peers, not the pod: the token and the explicit peers stay, stderr says why, and the
+    token is not in that line."""
+    from preheat.testing.kube import write_kubeconfig
+    from preheat.testing.procs import free_port
+
+    token = "t" * 40
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "ca.crt").write_text("not a certificate\n")
+    conf = write_kubeconfig(
+        tmp_path / "kubeconfig", server=f"https://127.0.0.1:{free_port()}",
+        ca_file=tmp_path / "ca.crt", token=token, user="engine",
+    )  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", str(conf))
+    got = peers_for(tmp_path / "token", ("http://127.0.0.1:9/",), True)
+    assert got == (token, {"peer-0": "http://127.0.0.1:9"})
+    err = capsys.readouterr().err
+    assert "cannot list NodeCaches" in err and "no agent peers" in err and token not in err
+
+
 def test_agent_writes_changed_hosts_files_keeps_foreign_ones_and_removes_its_own(
     tmp_path: Path,
 ) -> None:

@@ -145,15 +145,27 @@ class WorkloadSync(ExecutorBase):
         assert p.spec is not None and p.endpoint is not None
         if name in getattr(self, "_services", set()):
             return
+        body = service_body(p.endpoint, p.spec, variant, name)
         try:
-            await self._call(
-                self.core.create_namespaced_service,
-                self.namespace, service_body(p.endpoint, p.spec, variant, name),
-            )  # fmt: skip
+            await self._call(self.core.create_namespaced_service, self.namespace, body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            await self._update_service_ports(name, body["spec"]["ports"])
         self._services = getattr(self, "_services", set()) | {name}
+
+    async def _update_service_ports(self, name: str, ports: list[dict[str, Any]]) -> None:
+        """A Service made before its engine published KV events (or stopped) gets the
+        ports it should have (by name): the router's discovery reads them."""
+        svc = await self._call(self.core.read_namespaced_service, name, self.namespace)
+        have = [(p.name, p.port) for p in svc.spec.ports or ()]
+        if have != [(q["name"], q["port"]) for q in ports]:
+            await self._call(
+                self.core.patch_namespaced_service, name, self.namespace,
+                {"spec": {"ports": ports}}, _content_type=_MERGE,
+            )  # fmt: skip
+            log.info("service %s/%s ports now %s", self.namespace, name,
+                     [q["name"] for q in ports])  # fmt: skip
 
     # --- after each pass --------------------------------------------------------------
 

@@ -150,7 +150,7 @@ def _nodecache_peers() -> dict[str, str]:
         api = client.CustomObjectsApi(api_client_from(None))
         listed: Any = api.list_cluster_custom_object(GROUP, VERSION, "nodecaches")
     except Exception as exc:  # any failure: the origin still serves the pod
-        _note(f"cannot list NodeCaches ({describe_error(exc)}): no peers, origin only")
+        _note(f"cannot list NodeCaches ({describe_error(exc)}): no agent peers, origin")
         return {}
     found = peers_from_nodecaches(listed.get("items") or (), me="")
     return {name: p.url for name, p in found.items()}
