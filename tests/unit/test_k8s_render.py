@@ -136,9 +136,13 @@ def test_least_privilege_rules() -> None:
             assert set(rule["verbs"]) == {"get", "list", "watch"}
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in ROUTER_RULES)
     roles = [o for o in render(crds=False) if o["kind"] == "Role"]
-    # the router's Role comes only with an endpoint; the agent's peer Role is namespaced
-    assert [r["metadata"]["name"] for r in roles] == ["preheat-agent-peers"]
-    assert roles[0]["metadata"]["namespace"] == "preheat-system"
+    # the router's Role comes only with an endpoint; the agent's peer Role and the
+    # operator's settings Role (k8swire: peers on?) are namespaced
+    assert [r["metadata"]["name"] for r in roles] == [
+        "preheat-operator-settings",
+        "preheat-agent-peers",
+    ]
+    assert {r["metadata"]["namespace"] for r in roles} == {"preheat-system"}
     assert {res for r in AGENT_PEER_RULES for res in r["resources"]} == {"leases", "configmaps"}
     assert all("delete" not in r["verbs"] for r in AGENT_PEER_RULES)
 

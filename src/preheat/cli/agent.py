@@ -81,6 +81,12 @@ from preheat.errors import ConfigError
     help="Where the mirror forwards what the store lacks (e.g. https://registry.example); "
     "default: a registry-style 404, so containerd falls back to the registry itself.",
 )  # fmt: skip
+@click.option(
+    "--containerd-hosts-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="containerd's config_path (the host's /etc/containerd/certs.d, mounted): write a "
+    "hosts.toml per registry of the images cached here, pointing at the mirror (needs "
+    "--mirror-port); the agent removes the ones it wrote when no image cache needs them.",
+)  # fmt: skip
 def agent(
     node: str,
     store: Path,
@@ -99,6 +105,7 @@ def agent(
     lease_seconds: float,
     mirror_port: int | None,
     mirror_upstream: str | None,
+    containerd_hosts_dir: Path | None,
 ) -> None:
     """Own this node's store: warm the ModelDataCaches that target the node, pre-pull the
     images its ModelImageCaches name (referenced per endpoint), write its NodeCache status
@@ -130,6 +137,7 @@ def agent(
             peers=peers,
             mirror_port=mirror_port,
             mirror_upstream=mirror_upstream,
+            containerd_hosts_dir=containerd_hosts_dir,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc

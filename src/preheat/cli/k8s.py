@@ -61,6 +61,14 @@ def k8s() -> None:
     show_default=True,
     help="Where the node image mirror (`preheat image serve`) listens on each node.",
 )
+@click.option(
+    "--metrics-adapter/--no-metrics-adapter",
+    default=True,
+    show_default=True,
+    help="Render preheat's External metrics adapter (Deployment, Service, APIService, RBAC) "
+    "for the HPAs; --no-metrics-adapter where KEDA or prometheus-adapter already serves "
+    "external.metrics.k8s.io (docs/kubernetes.md, 'Autoscaling').",
+)
 def render(
     files: tuple[Path, ...],
     crds_only: bool,
@@ -70,6 +78,7 @@ def render(
     kustomize_dir: Path | None,
     mirror_registries: tuple[str, ...],
     mirror_url: str,
+    metrics_adapter: bool,
 ) -> None:
     """Print the manifests as one YAML stream for `kubectl apply -f -`.
 
@@ -78,6 +87,7 @@ def render(
     preheat k8s render --crds               the CRDs only
     preheat k8s render -f endpoint.yaml     ... + the endpoint's router and InferenceEndpoint
     preheat k8s render --containerd-mirror registry.example:5000   ... + hosts.toml ConfigMap
+    preheat k8s render --no-metrics-adapter ... without preheat's External metrics adapter
     """
     from preheat.runtime.kubernetes.crds import custom_resource_definitions
     from preheat.runtime.kubernetes.render import (
@@ -96,7 +106,9 @@ def render(
         sys.exit(2)
     parts = {"crds.yaml": custom_resource_definitions()}
     if not crds_only:
-        parts["system.yaml"] = system_manifests(namespace=system_namespace, image=img)
+        parts["system.yaml"] = system_manifests(
+            namespace=system_namespace, image=img, metrics_adapter=metrics_adapter
+        )
     if mirror_registries:
         from preheat.runtime.kubernetes.mirror_config import mirror_configmap
 

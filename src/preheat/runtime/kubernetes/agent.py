@@ -46,6 +46,7 @@ from typing import Any
 from aiohttp import web
 
 from preheat.runtime.kubernetes.agent_config import AgentConfig, api_client_from, describe_error
+from preheat.runtime.kubernetes.agent_containerd import ContainerdHosts, registries_of
 from preheat.runtime.kubernetes.agent_images import ImagePulls, add_ready_at
 from preheat.runtime.kubernetes.agent_images_mirror import start_mirror
 from preheat.runtime.kubernetes.agent_leases import PodLeases
@@ -246,6 +247,13 @@ class NodeAgent:
         self.metrics.leases.set(self.leases.count())
         return inventory_to_json([inv])
 
+    def _containerd_hosts(self) -> None:
+        # containerd's hosts.toml per cached registry (agent_containerd.py); full view only
+        hosts: ContainerdHosts | None = getattr(self, "containerd_hosts", None)
+        if hosts is not None and self.images.watched.synced:
+            wanted = self.images.wanted(self.nodecache.node_labels)
+            hosts.sync(registries_of(image for image, _, _ in wanted.values()))
+
     async def _reconcile(self) -> None:
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("node", self.nodecache.refresh_node),
@@ -254,6 +262,7 @@ class NodeAgent:
             ("policies", self._apply_policies),
             ("labels", self.nodecache.label_node),
             ("images", lambda: self.images.sync_refs(self.nodecache.node_labels)),
+            ("containerd", self._containerd_hosts),
             ("status", self._write_status),
         ]
         for name, step in steps:
@@ -298,6 +307,10 @@ class NodeAgent:
                 mirror, mport = await start_mirror(self.images.cache, "127.0.0.1",
                     self.cfg.mirror_port, self.cfg.mirror_upstream, self.metrics)  # fmt: skip
                 log.info("node mirror on http://127.0.0.1:%d", mport)
+                if self.cfg.containerd_hosts_dir is not None:
+                    self.containerd_hosts = ContainerdHosts(
+                        self.cfg.containerd_hosts_dir, f"http://127.0.0.1:{mport}"
+                    )
             self._start_watches()
             if ready is not None:
                 ready(f"http://{self.cfg.host}:{port}")

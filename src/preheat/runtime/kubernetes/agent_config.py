@@ -38,8 +38,16 @@ class AgentConfig:
     # image cache (issue 11): the node mirror on 127.0.0.1 (None: not served)
     mirror_port: int | None = None
     mirror_upstream: str | None = None
+    #: containerd's ``config_path`` (``/etc/containerd/certs.d``): the agent writes a
+    #: ``hosts.toml`` per registry it caches images of (``agent_containerd.py``).
+    containerd_hosts_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.containerd_hosts_dir is not None and self.mirror_port is None:
+            raise ConfigError(
+                "--containerd-hosts-dir needs --mirror-port: the hosts.toml files point "
+                "containerd at the node mirror"
+            )
         if not self.node:
             raise ConfigError("--node is empty; pass the Node's name (the DaemonSet sets it)")
         if self.max_warmups < 1:

@@ -238,6 +238,10 @@ def endpoint_spec_schema() -> Schema:
                         "Required node labels (preheat's own affinity is preferred)."
                     ),
                     "serviceAccountName": _str(),
+                    "env": _list(
+                        _free("An EnvVar (value or valueFrom)."),
+                        "Environment of the snapshot init container and the engine.",
+                    ),
                 },
                 "Overrides for the pod template of the endpoint's Deployment.",
             ),

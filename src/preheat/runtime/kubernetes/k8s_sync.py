@@ -1,5 +1,8 @@
 """The Kubernetes executor's writes of the variant's workload and of status: each
-variant's Deployment (its effective version, desired count) and Service, and after each
+variant's Deployment (its effective version, desired count, and whether its cold pods
+pull from peers: the ``peers.enabled`` of ConfigMap ``preheat-settings`` in the system
+namespace, ``$PREHEAT_SYSTEM_NAMESPACE``, default ``preheat-system``; no ConfigMap, or
+none readable: peers off) and Service, and after each
 pass (``commit``) the endpoint's and its caches' status, an Event per condition
 transition and the ``ModelImageCache`` objects."""
 
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -33,9 +37,11 @@ from preheat.runtime.kubernetes.workload import (
     service_body,
 )
 
-__all__ = ["WorkloadSync"]
+__all__ = ["SETTINGS_TTL_S", "WorkloadSync"]
 
 log = logging.getLogger("preheat.operator")
+#: Seconds the operator keeps its reading of the cluster's peer settings.
+SETTINGS_TTL_S = 10.0
 
 
 class WorkloadSync(ExecutorBase):
@@ -74,6 +80,7 @@ class WorkloadSync(ExecutorBase):
             p.endpoint, p.spec, spec_v, name=name, revision=rev, digest=res.digest,
             source=res.source, replicas=dv.replicas, pod=p.pod, max_surge=p.desired.max_surge,
             progress_deadline_s=self.config.rollout_deadline_s, spec_replicas=spec_v.replicas.min,
+            peers=await self._peers_on(),
         )  # fmt: skip
         # The template of the version being rolled back to keeps its own fingerprint.
         body["spec"]["template"]["metadata"]["annotations"][VERSION_ANNOTATION] = target
@@ -105,20 +112,60 @@ class WorkloadSync(ExecutorBase):
             self.emit(p.endpoint, "Normal", "RolloutStarted",
                       f"Deployment {name}: rolling to {_short(rev)} (surge 1, none unavailable)")  # fmt: skip
 
+    async def _peers_on(self) -> bool:
+        """Whether the cluster runs peers (module docstring), read at most every
+        :data:`SETTINGS_TTL_S` seconds; a settings file that does not parse: off, logged."""
+        from preheat.errors import ConfigError
+        from preheat.runtime.kubernetes.agent_peers_config import (
+            SETTINGS_CONFIGMAP,
+            SETTINGS_KEY,
+            parse_settings,
+        )
+
+        now = self.clock()
+        cached: tuple[float, bool] | None = getattr(self, "_peers_read", None)
+        if cached is not None and now - cached[0] < SETTINGS_TTL_S:
+            return cached[1]
+        ns = os.environ.get("PREHEAT_SYSTEM_NAMESPACE") or "preheat-system"
+        try:
+            cm = await self._call(self.core.read_namespaced_config_map, SETTINGS_CONFIGMAP, ns)
+            on = parse_settings((cm.data or {}).get(SETTINGS_KEY)).enabled
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            on = False  # no agents with peers installed, or no grant to read them
+        except ConfigError as exc:
+            log.warning("peers off for new pods: %s", exc)
+            on = False
+        self._peers_read = (now, on)
+        return on
+
     async def _ensure_service(self, variant: str, name: str) -> None:
         p = self.p
         assert p.spec is not None and p.endpoint is not None
         if name in getattr(self, "_services", set()):
             return
+        body = service_body(p.endpoint, p.spec, variant, name)
         try:
-            await self._call(
-                self.core.create_namespaced_service,
-                self.namespace, service_body(p.endpoint, p.spec, variant, name),
-            )  # fmt: skip
+            await self._call(self.core.create_namespaced_service, self.namespace, body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            await self._update_service_ports(name, body["spec"]["ports"])
         self._services = getattr(self, "_services", set()) | {name}
+
+    async def _update_service_ports(self, name: str, ports: list[dict[str, Any]]) -> None:
+        """A Service made before its engine published KV events (or stopped) gets the
+        ports it should have (by name): the router's discovery reads them."""
+        svc = await self._call(self.core.read_namespaced_service, name, self.namespace)
+        have = [(p.name, p.port) for p in svc.spec.ports or ()]
+        if have != [(q["name"], q["port"]) for q in ports]:
+            await self._call(
+                self.core.patch_namespaced_service, name, self.namespace,
+                {"spec": {"ports": ports}}, _content_type=_MERGE,
+            )  # fmt: skip
+            log.info("service %s/%s ports now %s", self.namespace, name,
+                     [q["name"] for q in ports])  # fmt: skip
 
     # --- after each pass --------------------------------------------------------------
 

@@ -30,15 +30,8 @@ import base64
 from typing import Any
 
 from preheat.runtime.kubernetes.metrics_adapter_core import GROUP, METRICS, VERSION
-from preheat.runtime.kubernetes.render import (
-    Rule,
-    _binding,
-    _container,
-    _labels,
-    _role,
-    _rule,
-    _sa,
-)
+from preheat.runtime.kubernetes.render import _container, _deployment, _labels, _service
+from preheat.runtime.kubernetes.render_rbac import Rule, _binding, _role, _rule, _sa
 
 __all__ = [
     "ADAPTER_NAME",
@@ -98,43 +91,26 @@ def adapter_manifests(
     args = ["metrics-adapter", "--host", "0.0.0.0", "--port", str(ADAPTER_PORT)]
     for n in names:
         args += ["--tls-san", n]
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": ADAPTER_NAME, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": ADAPTER_NAME,
-                    "containers": [
-                        _container(
-                            "adapter",
-                            image,
-                            args,
-                            [("https", ADAPTER_PORT)],
-                            readinessProbe={
-                                "httpGet": {"path": "/healthz", "port": "https", "scheme": "HTTPS"},
-                                "periodSeconds": 5,
-                            },
-                            resources={"requests": {"cpu": "50m", "memory": "128Mi"}},
-                        )
-                    ],
-                },
-            },
+    deployment = _deployment(
+        ADAPTER_NAME, namespace, labels,
+        {
+            "serviceAccountName": ADAPTER_NAME,
+            "containers": [
+                _container(
+                    "adapter",
+                    image,
+                    args,
+                    [("https", ADAPTER_PORT)],
+                    readinessProbe={
+                        "httpGet": {"path": "/healthz", "port": "https", "scheme": "HTTPS"},
+                        "periodSeconds": 5,
+                    },
+                    resources={"requests": {"cpu": "50m", "memory": "128Mi"}},
+                )
+            ],
         },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": ADAPTER_NAME, "namespace": namespace, "labels": labels},
-        "spec": {
-            "selector": labels,
-            "ports": [{"name": "https", "port": 443, "targetPort": "https"}],
-        },
-    }
+    )  # fmt: skip
+    service = _service(ADAPTER_NAME, namespace, labels, "https", 443)
     reader = _binding(
         "RoleBinding", f"{ADAPTER_NAME}-auth-reader", "Role", ADAPTER_NAME, namespace, labels,
         "kube-system",

@@ -2,7 +2,8 @@
 
 The ``spec`` of an ``InferenceEndpoint`` *is* the local-mode endpoint spec in camelCase
 (``metadata.name`` is the endpoint name), plus ``pod``: overrides for the pod template
-(resources, tolerations, nodeSelector, serviceAccountName). Both directions go through
+(resources, tolerations, nodeSelector, serviceAccountName, env: environment variables of
+the init container and the engine). Both directions go through
 :func:`preheat.control.spec.parse_endpoint`, so an object the API server accepted is
 validated by exactly the rules local mode applies (cross-field checks included, which
 1.20's CRD schema cannot express).
@@ -47,6 +48,9 @@ class PodOverrides:
     tolerations: tuple[dict[str, Any], ...] = ()
     node_selector: tuple[tuple[str, str], ...] = ()
     service_account_name: str | None = None
+    #: Kubernetes ``EnvVar`` objects (``value`` or ``valueFrom``) for the init container
+    #: and the engine: e.g. the origin's credentials from a Secret.
+    env: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -58,6 +62,8 @@ class PodOverrides:
             out["nodeSelector"] = dict(self.node_selector)
         if self.service_account_name:
             out["serviceAccountName"] = self.service_account_name
+        if self.env:
+            out["env"] = [dict(e) for e in self.env]
         return out
 
 
@@ -67,6 +73,11 @@ class _Pod(BaseModel):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     service_account_name: str | None = Field(None, alias="serviceAccountName")
+    env: list[dict[str, Any]] = Field(default_factory=list)
+
+
+#: What the rendered containers set themselves (workload.py): not to be overridden.
+_RESERVED_ENV = frozenset({"POD_IP", "POD_NAME", "PREHEAT_SOURCE"})
 
 
 def _pod(where: str, data: Any) -> PodOverrides:
@@ -79,7 +90,7 @@ def _pod(where: str, data: Any) -> PodOverrides:
         loc = ".".join(str(p) for p in first["loc"])
         raise ConfigError(
             f"{where}: pod.{loc} {first['msg']}; pod takes resources, tolerations, "
-            "nodeSelector and serviceAccountName"
+            "nodeSelector, serviceAccountName and env"
         ) from None
     if raw.resources is not None:
         unknown = set(raw.resources) - {"requests", "limits"}
@@ -87,11 +98,23 @@ def _pod(where: str, data: Any) -> PodOverrides:
             raise ConfigError(
                 f"{where}: pod.resources.{sorted(unknown)[0]} is not known; use requests, limits"
             )
+    for i, e in enumerate(raw.env):
+        name = e.get("name")
+        if not isinstance(name, str) or not name or name in _RESERVED_ENV:
+            raise ConfigError(
+                f"{where}: pod.env[{i}].name {name!r} must be a variable name other than "
+                f"{', '.join(sorted(_RESERVED_ENV))} (preheat sets those)"
+            )
+        if ("value" in e) == ("valueFrom" in e):
+            raise ConfigError(
+                f"{where}: pod.env[{i}] ({name}) needs exactly one of value and valueFrom"
+            )
     return PodOverrides(
         resources=raw.resources,
         tolerations=tuple(raw.tolerations),
         node_selector=tuple(sorted(raw.node_selector.items())),
         service_account_name=raw.service_account_name,
+        env=tuple(raw.env),
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,12 @@ def peers_for(
     token_file: Path | None, urls: tuple[str, ...], from_nodecaches: bool
 ) -> tuple[str | None, dict[str, str]]:
     """The token and the peers (name -> URL) ``snapshot-init`` was pointed at: ``urls``
-    as given, plus every agent's ``status.peer.url`` when ``from_nodecaches``."""
+    as given, plus every agent's ``status.peer.url`` when ``from_nodecaches``.
+
+    With only ``from_nodecaches`` (what the operator renders) nothing here fails the pod:
+    no token file (the optional Secret is absent from the namespace) or NodeCaches that
+    cannot be listed (no RBAC, API down) leave the pull to the origin, with one line on
+    stderr saying why."""
     from preheat.errors import ConfigError
     from preheat.runtime.kubernetes.agent_peers_config import read_token
 
@@ -123,20 +129,35 @@ def peers_for(
         if urls or from_nodecaches:
             raise ConfigError("--peer and --peers-from-nodecaches need --peer-token-file")
         return None, {}
+    if from_nodecaches and not urls and not token_file.exists():
+        _note(f"no peer token at {token_file} (Secret preheat-peer-token absent): origin only")
+        return None, {}
     token = read_token(token_file)
     peers = {f"peer-{i}": u.rstrip("/") for i, u in enumerate(urls)}
     if from_nodecaches:
-        from kubernetes import client
+        peers.update(_nodecache_peers())
+    return token, peers
 
-        from preheat.runtime.kubernetes.agent_config import api_client_from
-        from preheat.runtime.kubernetes.crds import GROUP, VERSION
-        from preheat.runtime.kubernetes.nodecache_peers import peers_from_nodecaches
 
+def _nodecache_peers() -> dict[str, str]:
+    from kubernetes import client
+
+    from preheat.runtime.kubernetes.agent_config import api_client_from, describe_error
+    from preheat.runtime.kubernetes.crds import GROUP, VERSION
+    from preheat.runtime.kubernetes.nodecache_peers import peers_from_nodecaches
+
+    try:
         api = client.CustomObjectsApi(api_client_from(None))
         listed: Any = api.list_cluster_custom_object(GROUP, VERSION, "nodecaches")
-        found = peers_from_nodecaches(listed.get("items") or (), me="")
-        peers.update({name: p.url for name, p in found.items()})
-    return token, peers
+    except Exception as exc:  # any failure: the origin still serves the pod
+        _note(f"cannot list NodeCaches ({describe_error(exc)}): no agent peers, origin")
+        return {}
+    found = peers_from_nodecaches(listed.get("items") or (), me="")
+    return {name: p.url for name, p in found.items()}
+
+
+def _note(line: str) -> None:
+    print(f"snapshot-init: {line}", file=sys.stderr, flush=True)
 
 
 def dumps(result: SnapshotInit) -> str:

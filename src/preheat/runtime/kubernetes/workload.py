@@ -16,10 +16,21 @@ The engine pod (a contract other components rely on):
 * the node store as a read-only ``hostPath`` at :data:`STORE_HOST_PATH`, and an init
   container (``preheat snapshot-init``) that links the node's snapshot into a pod-local
   ``emptyDir`` when the node holds it, or else pulls the revision from the origin into
-  that directory (HyperPod's fallback: a slower start, not a failed pod);
+  that directory (HyperPod's fallback: a slower start, not a failed pod); with ``peers``
+  (the cluster's ``preheat-settings`` say peers are on) that pull takes its pieces from
+  the node agents first: the init container gets ``--peer-token-file`` (the
+  ``preheat-peer-token`` Secret of the endpoint's namespace, read-only, optional: without
+  it the pull is from the origin) and ``--peers-from-nodecaches`` (the pod's
+  ServiceAccount reads NodeCaches: ``preheat-engine`` in ``render.py``);
+* ``pod.env`` (the endpoint's override) in both the init container and the engine, after
+  preheat's own variables (the origin's credentials, from a Secret, go there);
 * the engine's command from the endpoint's template (``{snapshot}``, ``{port}``,
   ``{host}``, ``{model}``, ``{replica}``), listening on ``$(POD_IP)``:``ENGINE_PORT``,
-  with a readiness probe on ``/health``.
+  with a readiness probe on ``/health``; an engine whose command publishes KV events
+  (``preheat engine serve --kv-events tcp://...:P[?replay=tcp://...:R]``, or vLLM's
+  ``--kv-events-config`` JSON ``endpoint``/``replay_endpoint``) also gets container ports
+  ``kv-events`` (P) and ``kv-replay`` (R), and so does the variant's Service: its
+  EndpointSlices then carry them, which router discovery reads (``discovery.py``).
 """
 
 from __future__ import annotations
@@ -27,16 +38,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from preheat.control.spec_types import CommandEngine, EndpointSpec, VariantSpec
+from preheat.control.spec_types import EndpointSpec, VariantSpec
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.nodecache_status import SNAPSHOT_ANNOTATION, revision_label
+from preheat.runtime.kubernetes.workload_engine import (
+    ENGINE_PORT,
+    SNAPSHOT_PATH,
+    WEIGHTS_MOUNT,
+    engine_argv,
+    kv_event_ports,
+)
 
 __all__ = [
     "ENGINE_PORT",
+    "PEER_TOKEN_DIR",
+    "PEER_TOKEN_SECRET",
     "REVISION_ANNOTATION",
     "SPEC_REPLICAS_ANNOTATION",
     "STORE_HOST_PATH",
@@ -46,6 +65,7 @@ __all__ = [
     "cache_name",
     "deployment_body",
     "engine_argv",
+    "kv_event_ports",
     "pod_labels",
     "replica_count",
     "service_body",
@@ -53,10 +73,6 @@ __all__ = [
 ]
 
 STORE_HOST_PATH = "/var/lib/preheat/store"
-#: The pod-local directory the init container fills (a link or a pulled copy).
-WEIGHTS_MOUNT = "/weights"
-SNAPSHOT_PATH = f"{WEIGHTS_MOUNT}/model"
-ENGINE_PORT = 8000
 REVISION_ANNOTATION = "preheat.dev/revision"
 VERSION_ANNOTATION = "preheat.dev/version"
 ENDPOINT_LABEL = "preheat.dev/endpoint"
@@ -65,6 +81,10 @@ CACHE_REVISION_LABEL = "preheat.dev/revision"
 DEFAULT_IMAGE = "preheat:0.1.0"
 #: On the Deployment: the spec's replica count the operator last applied.
 SPEC_REPLICAS_ANNOTATION = "preheat.dev/spec-replicas"
+#: The cluster peer token (docs/peers.md), as a Secret of the same name in the endpoint's
+#: namespace (a pod mounts Secrets of its own namespace only), mounted here.
+PEER_TOKEN_SECRET = "preheat-peer-token"
+PEER_TOKEN_DIR = "/etc/preheat/peer"
 
 Body = dict[str, Any]
 
@@ -152,28 +172,6 @@ def pod_labels(endpoint: str, variant: str) -> dict[str, str]:
     }
 
 
-def engine_argv(v: VariantSpec, model: str) -> list[str]:
-    """The engine container's command line (host ``$(POD_IP)``, the pod-local snapshot)."""
-    if isinstance(v.engine, CommandEngine):
-        text = v.engine.command.format(
-            snapshot=SNAPSHOT_PATH,
-            port=ENGINE_PORT,
-            host="$(POD_IP)",
-            model=shlex.quote(model),
-            replica="$(POD_NAME)",
-        )
-        return shlex.split(text)
-    e = v.engine
-    argv = [
-        "preheat", "engine", "serve", "--host", "$(POD_IP)", "--port", str(ENGINE_PORT),
-        "--profile", e.profile, "--snapshot", SNAPSHOT_PATH,
-        "--time-scale", str(e.time_scale), "--model-name", model,
-    ]  # fmt: skip
-    if e.kv_blocks is not None:
-        argv += ["--kv-blocks", str(e.kv_blocks)]
-    return argv
-
-
 _FIELD_ENV = [
     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -194,18 +192,21 @@ def deployment_body(
     max_surge: int = 1,
     progress_deadline_s: int = 600,
     spec_replicas: int | None = None,
+    peers: bool = False,
 ) -> Body:
     """The variant's Deployment running ``revision`` (whose snapshot has the manifest
     ``digest``; see the module docstring) with ``replicas`` pods; ``spec_replicas`` (the
-    spec's own count, default ``replicas``) is recorded for :func:`replica_count`."""
+    spec's own count, default ``replicas``) is recorded for :func:`replica_count`; with
+    ``peers`` a cold pod's pull tries the node agents' peers before the origin."""
     labels = pod_labels(spec.name, variant.name)
     version = f"{revision}#{template_fingerprint(variant)}"
     argv = engine_argv(variant, spec.name)
     image = variant.image or DEFAULT_IMAGE
     overrides = dict(pod or {})
+    user_env = [dict(e) for e in overrides.get("env") or ()]
     store_mount = {"name": "store", "mountPath": STORE_HOST_PATH, "readOnly": True}
     weights_mount = {"name": "weights", "mountPath": WEIGHTS_MOUNT}
-    init = {
+    init: Body = {
         "name": "snapshot",
         "image": DEFAULT_IMAGE,
         "command": ["preheat"],
@@ -224,16 +225,36 @@ def deployment_body(
         ],
         # The source goes in the environment, not in the args that `kubectl get pod` shows
         # in every listing (a credential in a source URL belongs in a Secret-backed env).
-        "env": [{"name": "PREHEAT_SOURCE", "value": source}],
+        "env": [{"name": "PREHEAT_SOURCE", "value": source}, *user_env],
         "volumeMounts": [store_mount, weights_mount],
     }
+    volumes: list[Body] = [
+        {"name": "store", "hostPath": {"path": STORE_HOST_PATH, "type": "DirectoryOrCreate"}},
+        {"name": "weights", "emptyDir": {}},
+    ]
+    if peers:
+        init["args"] += [
+            "--peer-token-file", f"{PEER_TOKEN_DIR}/token", "--peers-from-nodecaches",
+        ]  # fmt: skip
+        init["volumeMounts"].append(
+            {"name": "peer-token", "mountPath": PEER_TOKEN_DIR, "readOnly": True}
+        )
+        volumes.append(
+            {
+                "name": "peer-token",
+                "secret": {"secretName": PEER_TOKEN_SECRET, "defaultMode": 0o400, "optional": True},
+            }
+        )
     engine: Body = {
         "name": "engine",
         "image": image,
         "command": argv[:1],
         "args": argv[1:],
-        "env": list(_FIELD_ENV),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
+        "env": [*_FIELD_ENV, *user_env],
+        "ports": [
+            {"name": n, "containerPort": p}
+            for n, p in [("http", ENGINE_PORT), *kv_event_ports(argv)]
+        ],
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": "http"},
             "periodSeconds": 1,
@@ -260,10 +281,7 @@ def deployment_body(
         },
         "initContainers": [init],
         "containers": [engine],
-        "volumes": [
-            {"name": "store", "hostPath": {"path": STORE_HOST_PATH, "type": "DirectoryOrCreate"}},
-            {"name": "weights", "emptyDir": {}},
-        ],
+        "volumes": volumes,
         "terminationGracePeriodSeconds": 10,
     }
     for key in ("tolerations", "nodeSelector", "serviceAccountName"):
@@ -326,14 +344,19 @@ def replica_count(spec_replicas: int, deployment: Mapping[str, Any] | None, *,
 
 
 def service_body(endpoint: Mapping[str, Any], spec: EndpointSpec, variant: str, name: str) -> Body:
-    """The Service in front of one variant's pods (the router reads its EndpointSlices)."""
+    """The Service in front of one variant's pods (the router reads its EndpointSlices),
+    with the engine's ``kv-events``/``kv-replay`` ports when it publishes KV events."""
     labels = pod_labels(spec.name, variant)
+    kv = kv_event_ports(engine_argv(spec.variant(variant), spec.name))
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(endpoint, name, labels),
         "spec": {
             "selector": dict(labels),
-            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+                *({"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in kv),
+            ],
         },
     }
