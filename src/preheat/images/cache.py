@@ -17,6 +17,7 @@ among the rest); ``unref`` drops it and, when it was the last holder, removes th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import platform as _platform
 import time
@@ -150,17 +151,7 @@ class ImageCache:
                     time.monotonic() - t0,
                     held.view,
                 )
-        creds = credentials
-        if creds is None:
-            creds = load_credentials(image_ref.registry, self.docker_config)
-        client = RegistryClient(
-            image_ref,
-            credentials=creds,
-            connections=connections,
-            retries=self.store.retries,
-            backoff=self.store.backoff,
-        )
-        source = ImageSource(client, image_ref, plat)
+        source = self._source(image_ref, plat, credentials, connections)
         opts = PullOptions(rate_limit, connections, progress, chunk)
         opts.check()
         try:
@@ -198,6 +189,44 @@ class ImageCache:
             seconds=time.monotonic() - t0,
             view=result.snapshot,
         )
+
+    def _source(
+        self,
+        image_ref: ImageRef,
+        plat: Platform,
+        credentials: Credentials | None = None,
+        connections: int = 8,
+    ) -> ImageSource:
+        creds = credentials
+        if creds is None:
+            creds = load_credentials(image_ref.registry, self.docker_config)
+        client = RegistryClient(
+            image_ref,
+            credentials=creds,
+            connections=connections,
+            retries=self.store.retries,
+            backoff=self.store.backoff,
+        )
+        return ImageSource(client, image_ref, plat)
+
+    async def adigests(self, ref: str, *, platform: Platform | None = None) -> tuple[str, ...]:
+        """The digests ``ref`` names now: ``(image manifest, index)`` (one when the tag
+        points at a manifest). The store's record when it holds the image by that name
+        or digest, else asked of the registry (manifests only, no layer moves). Revoked
+        digests are answered too: this is how a revocation finds who runs them."""
+        image_ref = parse_image_ref(ref)
+        plat = platform or default_platform()
+        with contextlib.suppress(SnapshotNotFound):
+            img = await asyncio.to_thread(self.find, image_ref.digest or ref)
+            return tuple(dict.fromkeys((img.digest, img.top_digest)))
+        source = self._source(image_ref, plat)
+        try:
+            await source.resolve()
+        finally:
+            await source.aclose()
+        assert source.resolved is not None
+        top = source.resolved.top_digest
+        return tuple(dict.fromkeys((source.resolved.image.descriptor.digest, top)))
 
     def _record(self, row: tuple[object, ...]) -> None:
         with self._db.write() as tx:

@@ -136,13 +136,24 @@ class LocalExecutor:
             await self._adopt_existing()
         if st.spec.autoscaling is not None:
             await self._autoscale()
+        if self.revocations is not None and self.revocations.entries:
+            for v in st.spec.variants:  # the digest each image runs, once per image
+                if v.image and v.image not in st.image_digests:
+                    await self.warmer.images.digests(v.image)
         revoked = self._revoked()
         for name in list(st.revoked):
             rv = st.resolved.get(name)
-            if rv is None or rv.revision not in revoked:
+            image = st.image_digests.get(st.spec.variant(name).image or "", ())
+            if rv is None or (rv.revision not in revoked and not revoked.intersection(image)):
                 del st.revoked[name]  # lifted (unrevoke) or the spec moved on
         if revoked & {rv.revision for rv in st.resolved.values()}:
             await self._resolve_fallbacks()
+        if any(
+            revoked.intersection(st.image_digests.get(v.image or "", ())) for v in st.spec.variants
+        ):
+            await self._resolve_image_fallbacks()
+            revoked = self._revoked()
+        st.revoked_keys = revoked
         return self._desired(), dataclasses.replace(self._observed(), revoked=revoked)
 
     def _revoked(self) -> frozenset[str]:
@@ -151,7 +162,25 @@ class LocalExecutor:
         known = set(self.state.known)
         for fbs in self.state.fallbacks.values():
             known |= {f.revision for f in fbs}
+        for digests in self.state.image_digests.values():
+            known |= set(digests)
         return self.revocations.revisions(known)
+
+    async def _resolve_image_fallbacks(self) -> None:
+        """Resolve each variant's ``image.fallback`` list once its image is revoked; one
+        that does not resolve is left out (and said) until the next apply."""
+        st = self.state
+        for v in st.spec.variants:
+            if v.name in st.image_fallbacks or not v.image_fallback:
+                continue
+            out = []
+            for ref in v.image_fallback:
+                digests = await self.warmer.images.digests(ref)
+                if digests is None:
+                    st.say(f"{v.name}: image fallback {ref} does not resolve; skipped")
+                    continue
+                out.append((ref, digests))
+            st.image_fallbacks[v.name] = tuple(out)
 
     async def _resolve_fallbacks(self) -> None:
         """Resolve each variant's ``model.fallback`` list once a revocation needs it; a
@@ -241,6 +270,11 @@ class LocalExecutor:
                     template=st.template(v),
                     fallbacks=tuple(
                         (f.revision, f.model_bytes) for f in st.fallbacks.get(v.name, ())
+                    ),
+                    image=st.image_digests.get(v.image or "", ()),
+                    image_fallbacks=tuple(
+                        (digests, st.template(dataclasses.replace(v, image=ref)))
+                        for ref, digests in st.image_fallbacks.get(v.name, ())
                     ),
                 )
                 for v in st.spec.variants
