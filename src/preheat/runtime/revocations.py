@@ -23,6 +23,7 @@ from pathlib import Path
 
 from preheat.errors import ControlError
 from preheat.runtime.model import FleetState, Node
+from preheat.sources.oci_stage import layer_users
 from preheat.store.revoke import normalise
 
 __all__ = ["FleetRevocations"]
@@ -118,10 +119,14 @@ class FleetRevocations:
 
 
 def _names(st: FleetState, key: str) -> frozenset[str]:
-    """Known revisions whose snapshot on some node has manifest digest ``key``."""
+    """Known revisions whose snapshot on some node has manifest digest ``key`` or was
+    unpacked from the tar layer ``key`` (``oci_stage.layer_users``)."""
     out: set[str] = set()
+    built: set[str] = set()
+    for node in st.nodes.values():
+        built |= layer_users(node.cache.store.root, key)
     for rev in list(st.known):
-        if normalise(rev) == key:
+        if normalise(rev) == key or rev in built:
             out.add(rev)
             continue
         for node in st.nodes.values():

@@ -64,7 +64,7 @@ from preheat.sources.oci_layers import (
     apply_layers,
     merge_models,
 )
-from preheat.sources.oci_stage import LayerStager
+from preheat.sources.oci_stage import LayerStager, record_users
 
 MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -248,6 +248,9 @@ class OciSource(RegistryBlobSource):
             files = await self._modelcar(doc, mt, got.digest, config_mt)
         entries = tuple(FileEntry(p, size, sha) for p, (size, sha, _) in sorted(files.items()))
         locations = {p: loc for p, (_, _, loc) in files.items()}
+        if self.layers.root is not None and digests:  # every layer, whatever it added
+            hexes = [d.removeprefix("sha256:") for d in digests]
+            await asyncio.to_thread(record_users, self.layers.root, got.digest, hexes)
         return Resolution(self.ref, got.digest, Manifest(entries), locations, label=ref.tag)
 
     def _member(self, layer: Descriptor, compression: str, mode: Mode, m: Member) -> Location:

@@ -19,6 +19,10 @@ into ``blobs/`` is local) and is removed by ``aclose``. Its owner holds an ``flo
 nobody holds (what a killed pull left behind). Peak disk use of a pull is about the
 unpacked size of its new tar layers twice (staging, then the store's blobs) plus one
 compressed layer; the staging is not part of the store's space reservation.
+
+Which revisions were built from a tar layer is kept beside the listings
+(``record_users``: ``oci-layers/users-<digest>.json``); the store reads it when that
+layer digest is revoked, to remove the snapshots unpacked from it.
 """
 
 from __future__ import annotations
@@ -221,6 +225,33 @@ def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
 def _put(f: Any, h: Any, chunk: bytes) -> None:
     f.write(chunk)
     h.update(chunk)
+
+
+def record_users(root: Path, revision: str, layers: list[str]) -> None:
+    """Remember that snapshots of ``revision`` are built from the tar ``layers`` (hex
+    digests): ``<store>/oci-layers/users-<hex>.json`` lists the revisions built from a
+    layer, so revoking the layer digest removes them (``store.revoke``) although no blob
+    of theirs is the layer itself."""
+    for hexd in dict.fromkeys(layers):
+        path = root / "oci-layers" / f"users-{hexd}.json"
+        try:
+            old = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            old = []
+        users = sorted({*(str(x) for x in old if isinstance(old, list)), revision})
+        if users != old:
+            _write_json(path, users)
+
+
+def layer_users(root: Path, key: str) -> frozenset[str]:
+    """The revisions ``record_users`` lists for the layer digest ``key`` in the store at
+    ``root`` (none for a key that is not a digest or a layer never unpacked there)."""
+    hexd = key.removeprefix("sha256:")
+    try:
+        raw = json.loads((root / "oci-layers" / f"users-{hexd}.json").read_text())
+    except (FileNotFoundError, ValueError, OSError):
+        return frozenset()
+    return frozenset(str(r) for r in raw) if isinstance(raw, list) else frozenset()
 
 
 def _write_json(path: Path, doc: object) -> None:
