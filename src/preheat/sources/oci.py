@@ -177,11 +177,14 @@ class OciSource(RegistryBlobSource):
         self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
         self._revoked: dict[str, tuple[str, float]] = {}
 
-    def bind_store(self, layout: Any, revoked: Mapping[str, tuple[str, float]]) -> None:
-        """Keep tar-layer listings and staging in the store, and refuse what its
-        revocation list names (digest -> (reason, since)) before fetching any layer (the
-        puller calls this; the store checks the extracted files itself)."""
-        self.layers.bind_store(Path(layout.root))
+    def bind_store(
+        self, layout: Any, revoked: Mapping[str, tuple[str, float]], space: Any = None
+    ) -> None:
+        """Keep tar-layer listings and staging in the store (reserved in its ``space``),
+        and refuse what its revocation list names (digest -> (reason, since)) before
+        fetching any layer (the puller calls this; the store checks the extracted files
+        itself)."""
+        self.layers.bind_store(Path(layout.root), space)
         self._revoked = dict(revoked)
 
     def _refuse(self, digests: list[str], store: Path | None) -> None:

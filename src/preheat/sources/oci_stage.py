@@ -18,7 +18,11 @@ into ``blobs/`` is local) and is removed by ``aclose``. Its owner holds an ``flo
 ``.lock`` inside it; a new stager removes every other ``oci-*`` directory whose lock
 nobody holds (what a killed pull left behind). Peak disk use of a pull is about the
 unpacked size of its new tar layers twice (staging, then the store's blobs) plus one
-compressed layer; the staging is not part of the store's space reservation.
+compressed layer. Bound with the store's ``Space``, the stager reserves each layer's
+compressed size before downloading it and its unpacked size (``unpacked_size``) before
+unpacking it, so a pull that cannot fit fails with ``InsufficientSpace`` before those
+bytes are written (the compressed reservation goes with the layer file, the unpacked one
+with the staging directory at ``aclose``).
 
 Which revisions were built from a tar layer is kept beside the listings
 (``record_users``: ``oci-layers/users-<digest>.json``); the store reads it when that
@@ -40,7 +44,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from preheat.errors import ImageDigestMismatch, OriginUnavailable, TruncatedBody
+from preheat.errors import (
+    ImageDigestMismatch,
+    InsufficientSpace,
+    OriginUnavailable,
+    TruncatedBody,
+)
 from preheat.images.client import RegistryClient
 from preheat.images.manifest import Descriptor
 from preheat.sources.oci_layers import LayerDiff, Mode, scan_layer
@@ -52,14 +61,20 @@ class LayerStager:
     def __init__(self, client: RegistryClient) -> None:
         self.client = client
         self._root: Path | None = None
+        #: The store's ``Space`` (``bind_store``): staging is reserved in it.
+        self._space: Any = None
+        self._reservations: list[Any] = []
         self._staging: Path | None = None
         self._diffs: dict[str, LayerDiff] = {}
         self._staged: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock: int | None = None
 
-    def bind_store(self, root: Path) -> None:
+    def bind_store(self, root: Path, space: Any = None) -> None:
+        """Keep listings and staging in the store at ``root``; with its ``space``
+        (``store.space.Space``), reserve what staging writes before writing it."""
         self._root = root
+        self._space = space
 
     @property
     def root(self) -> Path | None:
@@ -126,14 +141,18 @@ class LayerStager:
                 return self._diffs[key]
             staging = self.staging()
             blob = staging / f".layer-{d.hex}"
+            download = await self._reserve(d.size, where, "downloaded")
             try:
                 await self._download(d, blob, where)
+                size = await asyncio.to_thread(unpacked_size, blob, compression, d.size)
+                self._reservations.append(await self._reserve(size, where, "unpacked"))
                 diff = await asyncio.to_thread(
                     scan_layer, blob, d.media_type, compression, mode, staging, where
                 )
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     blob.unlink()
+                await self._release(download)
             self._diffs[key] = diff
             self._staged.add(key)
             path = self._listing(key)
@@ -171,14 +190,67 @@ class LayerStager:
                 "refused before unpacking, nothing was published"
             )
 
+    async def _reserve(self, need: int, where: str, what: str) -> Any:
+        """Reserve ``need`` bytes of staging in the store (None when unbound); refused
+        with ``InsufficientSpace`` naming the layer, before it is ``what``."""
+        if self._space is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._space.reserve, f"{where} (staging)", need, ())
+        except InsufficientSpace as exc:
+            err = InsufficientSpace(
+                f"{where}: the tar layer is staged under the store's tmp/ before its files "
+                f"reach the store, and there is no room for it; nothing was {what}. {exc}"
+            )
+            err.need, err.free, err.evictable = exc.need, exc.free, exc.evictable
+            raise err from None
+
+    async def _release(self, reservation: Any) -> None:
+        if reservation is not None:
+            await asyncio.to_thread(self._space.release, reservation)
+
     async def aclose(self) -> None:
         if self._staging is not None:
             await asyncio.to_thread(shutil.rmtree, self._staging, True)
             self._staging = None
             self._staged.clear()
+        while self._reservations:
+            await self._release(self._reservations.pop())
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+
+
+def unpacked_size(blob: Path, compression: str, size: int) -> int:
+    """How many bytes unpacking the verified layer at ``blob`` stages, at most (the tar
+    stream's length bounds its members): a plain tar's own size; gzip's ISIZE trailer
+    (the length mod 2**32, lifted to at least the compressed size); zstd's frame content
+    size (of the first frame: a multi-frame stream may stage more), else the decompressed
+    length counted (a stream written without one)."""
+    if compression == "gzip":
+        with open(blob, "rb") as f:
+            f.seek(max(0, size - 4))
+            isize = int.from_bytes(f.read(4), "little")
+        while isize < size:
+            isize += 1 << 32
+        return isize
+    if compression == "zstd":
+        import zstandard
+
+        with open(blob, "rb") as f:
+            try:
+                n = zstandard.frame_content_size(f.read(18))
+            except zstandard.ZstdError:
+                n = -1
+            if n >= 0:
+                return max(int(n), 0)
+            f.seek(0)
+            total = 0
+            with zstandard.ZstdDecompressor().stream_reader(f) as r:
+                while chunk := r.read(_BATCH):
+                    total += len(chunk)
+            return total
+    return size
 
 
 def _sweep(tmp: Path, mine: Path, grace: float = 60.0) -> None:
