@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from preheat.errors import InsufficientSpace
+from preheat.errors import ImageDigestMismatch, InsufficientSpace
 from preheat.store.store import NodeStore
 from preheat.testing.registry import ModelLayer, Registry, registry, tar_layer
 
@@ -73,3 +73,27 @@ def test_a_pull_that_fits_releases_its_staging_reservation(reg: Registry, tmp_pa
     got = store.pull(f"oci://{reg.ref('models/fits:v1')}")
     assert (got.snapshot / "w.bin").stat().st_size == MiB
     assert store.usage().reserved == 0 and _staged(store) == []
+
+
+def test_a_big_tar_layer_is_spliced_in_ranges_and_still_verified(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """A 3 MiB plain tar layer is downloaded in parallel ranges (several GETs of the blob)
+    and read in place, with the right files; swapped bytes at the registry are refused as
+    a digest mismatch on that path too, nothing published."""
+    data = os.urandom(3 * MiB)
+    layer = tar_layer([("w.bin", data)])
+    reg.push_model_layers("models/ranges:v1", [ModelLayer(WEIGHT, layer)])
+    digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    store = NodeStore(tmp_path / "store")
+    got = store.pull(f"oci://{reg.ref('models/ranges:v1')}")
+    assert (got.snapshot / "w.bin").read_bytes() == data
+    assert len(reg.requests(f"GET /v2/models/ranges/blobs/{digest}")) >= 2
+    other = tar_layer([("w.bin", os.urandom(3 * MiB))])
+    reg.push_model_layers("models/ranges-swapped:v1", [ModelLayer(WEIGHT, other)])
+    blob = reg.blob_file("sha256:" + hashlib.sha256(other).hexdigest())
+    blob.write_bytes(tar_layer([("../escape.bin", b"x")]).ljust(len(other), b"\0"))
+    fresh = NodeStore(tmp_path / "fresh", retries=0)
+    with pytest.raises(ImageDigestMismatch, match="refused before unpacking"):
+        fresh.pull(f"oci://{reg.ref('models/ranges-swapped:v1')}")
+    assert fresh.snapshots() == [] and not (tmp_path / "escape.bin").exists()

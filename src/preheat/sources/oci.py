@@ -30,7 +30,9 @@ fill's zero-copy splice path, or ``RegistryClient.blob`` when that path cannot s
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
+import os
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
@@ -65,6 +67,8 @@ from preheat.sources.oci_layers import (
     merge_models,
 )
 from preheat.sources.oci_stage import LayerStager, record_users
+
+_COPY = 8 << 20  # bytes per copy of a staged tar member into the fill
 
 MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -172,10 +176,11 @@ class OciSource(RegistryBlobSource):
                 backoff=backoff,
             )
         )
-        self.layers = LayerStager(self.client)
+        self.layers = LayerStager(self.client, self._layer_direct)
         # tar-member URL -> (layer, compression, mode, sha256 of the file)
         self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
         self._revoked: dict[str, tuple[str, float]] = {}
+        self._copy_ok = True  # False once copy_file_range is refused (staging elsewhere)
 
     def bind_store(
         self, layout: Any, revoked: Mapping[str, tuple[str, float]], space: Any = None
@@ -203,22 +208,69 @@ class OciSource(RegistryBlobSource):
         await super().aclose()
 
     def can_direct(self, location: Location) -> bool:
-        return location.url not in self._members and super().can_direct(location)
+        if location.url in self._members:
+            return self._copy_ok and hasattr(os, "copy_file_range")
+        return super().can_direct(location)
+
+    async def _layer_direct(
+        self, url: str, start: int, end: int, fd: int, on_bytes: Callable[[int, int], None]
+    ) -> None:
+        """A whole tar layer's download on the zero-copy path of raw layers."""
+        location = Location(url=url, fingerprint="")
+        if not super().can_direct(location):
+            raise Unsupported(f"{redact_url(url)}: no zero-copy path")
+        await super().fetch_to_fd(location, start, end, fd, on_bytes)
+
+    async def _staged(self, url: str) -> tuple[Path, int]:
+        layer, compression, mode, sha = self._members[url]
+        await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
+        return self.layers.staged(sha)
+
+    async def fetch_to_fd(
+        self,
+        location: Location,
+        start: int,
+        end: int,
+        fd: int,
+        on_bytes: Callable[[int, int], None],
+    ) -> None:
+        """A tar member: copied from staging in the kernel (``copy_file_range``); raises
+        ``Unsupported`` where staging is on another filesystem. Else the registry's."""
+        if location.url not in self._members:
+            await super().fetch_to_fd(location, start, end, fd, on_bytes)
+            return
+        path, base = await self._staged(location.url)
+        src = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+        try:
+            pos = start
+            while pos < end:
+                try:
+                    n = await asyncio.to_thread(
+                        os.copy_file_range, src, fd, min(_COPY, end - pos), base + pos, pos
+                    )
+                except OSError as exc:
+                    if exc.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        self._copy_ok = False
+                        raise Unsupported(f"copy_file_range from {path}: {exc.strerror}") from exc
+                    raise
+                if n == 0:
+                    raise TruncatedBody(f"{path}: staged file ended at byte {pos}, expected {end}")
+                on_bytes(pos, n)
+                pos += n
+        finally:
+            os.close(src)
 
     async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        member = self._members.get(location.url)
-        if member is None:
+        if location.url not in self._members:
             async for chunk in super().fetch(location, start, end):
                 yield chunk
             return
-        layer, compression, mode, sha = member
-        await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
-        path = self.layers.staged_file(sha)
+        path, base = await self._staged(location.url)
         with open(path, "rb") as f:
-            f.seek(start)
+            f.seek(base + start)
             pos = start
             while pos < end:
-                data = await asyncio.to_thread(f.read, min(end - pos, 8 << 20))
+                data = await asyncio.to_thread(f.read, min(end - pos, _COPY))
                 if not data:
                     raise TruncatedBody(f"{path}: staged file ended at byte {pos}, expected {end}")
                 pos += len(data)
