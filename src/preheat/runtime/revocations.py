@@ -23,7 +23,7 @@ from pathlib import Path
 
 from preheat.errors import ControlError
 from preheat.runtime.model import FleetState, Node
-from preheat.sources.oci_stage import layer_users
+from preheat.sources.oci_layer_meta import layer_users
 from preheat.store.revoke import normalise
 
 __all__ = ["FleetRevocations"]

@@ -43,7 +43,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from preheat.errors import (
 from preheat.images.client import RegistryClient
 from preheat.images.manifest import Descriptor
 from preheat.sources.base import Unsupported
+from preheat.sources.oci_layer_meta import sha256_file, unpacked_size, write_json
 from preheat.sources.oci_layers import LayerDiff, Mode, scan_layer
 
 #: ``direct(url, start, end, fd, on_bytes)``: bytes [start, end) of ``url`` into ``fd``.
@@ -179,7 +179,7 @@ class LayerStager:
             self._staged.add(key)
             path = self._listing(key)
             if path is not None:
-                await asyncio.to_thread(_write_json, path, diff.to_json())
+                await asyncio.to_thread(write_json, path, diff.to_json())
             return diff
 
     async def _download(self, d: Descriptor, dest: Path, where: str) -> None:
@@ -190,7 +190,7 @@ class LayerStager:
             except Unsupported:
                 self._direct = None  # this registry needs the full client
             else:
-                digest = await asyncio.to_thread(_sha256_file, dest)
+                digest = await asyncio.to_thread(sha256_file, dest)
                 return self._check(d, digest, where)
         await self._download_stream(d, dest, where)
 
@@ -295,38 +295,6 @@ class LayerStager:
             self._lock = None
 
 
-def unpacked_size(blob: Path, compression: str, size: int) -> int:
-    """How many bytes unpacking the verified layer at ``blob`` stages, at most (the tar
-    stream's length bounds its members): a plain tar's own size; gzip's ISIZE trailer
-    (the length mod 2**32, lifted to at least the compressed size); zstd's frame content
-    size (of the first frame: a multi-frame stream may stage more), else the decompressed
-    length counted (a stream written without one)."""
-    if compression == "gzip":
-        with open(blob, "rb") as f:
-            f.seek(max(0, size - 4))
-            isize = int.from_bytes(f.read(4), "little")
-        while isize < size:
-            isize += 1 << 32
-        return isize
-    if compression == "zstd":
-        import zstandard
-
-        with open(blob, "rb") as f:
-            try:
-                n = zstandard.frame_content_size(f.read(18))
-            except zstandard.ZstdError:
-                n = -1
-            if n >= 0:
-                return max(int(n), 0)
-            f.seek(0)
-            total = 0
-            with zstandard.ZstdDecompressor().stream_reader(f) as r:
-                while chunk := r.read(_BATCH):
-                    total += len(chunk)
-            return total
-    return size
-
-
 def _sweep(tmp: Path, mine: Path, grace: float = 60.0) -> None:
     """Remove ``oci-*`` staging dirs under ``tmp`` whose owner is gone (lock free)."""
     for d in tmp.glob("oci-*"):
@@ -356,16 +324,6 @@ _BATCH = 4 << 20
 _SPLIT = 1 << 20
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(_BATCH)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
 def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first real failure in a task group's exceptions (not a cancellation)."""
     leaves: list[BaseException] = []
@@ -384,37 +342,3 @@ def _put(f: Any, h: Any, chunks: list[bytes]) -> None:
     for c in chunks:  # no join: a 4 MiB copy saved per batch
         h.update(c)
     f.writelines(chunks)
-
-
-def record_users(root: Path, revision: str, layers: list[str]) -> None:
-    """Remember that snapshots of ``revision`` are built from the tar ``layers`` (hex
-    digests): ``<store>/oci-layers/users-<hex>.json`` lists the revisions built from a
-    layer, so revoking the layer digest removes them (``store.revoke``) although no blob
-    of theirs is the layer itself."""
-    for hexd in dict.fromkeys(layers):
-        path = root / "oci-layers" / f"users-{hexd}.json"
-        try:
-            old = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            old = []
-        users = sorted({*(str(x) for x in old if isinstance(old, list)), revision})
-        if users != old:
-            _write_json(path, users)
-
-
-def layer_users(root: Path, key: str) -> frozenset[str]:
-    """The revisions ``record_users`` lists for the layer digest ``key`` in the store at
-    ``root`` (none for a key that is not a digest or a layer never unpacked there)."""
-    hexd = key.removeprefix("sha256:")
-    try:
-        raw = json.loads((root / "oci-layers" / f"users-{hexd}.json").read_text())
-    except (FileNotFoundError, ValueError, OSError):
-        return frozenset()
-    return frozenset(str(r) for r in raw) if isinstance(raw, list) else frozenset()
-
-
-def _write_json(path: Path, doc: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")))
-    os.replace(tmp, path)
