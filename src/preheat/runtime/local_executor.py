@@ -50,7 +50,11 @@ from preheat.runtime.model import (
 )
 from preheat.runtime.nodestore import resolve_source
 from preheat.runtime.replicas import Supervisor
-from preheat.runtime.revocations import FleetRevocations
+from preheat.runtime.revocations import (
+    FleetRevocations,
+    resolve_fallbacks,
+    resolve_image_fallbacks,
+)
 from preheat.runtime.router_proc import RouterProcess
 from preheat.runtime.warmup import Warmer, backoff
 
@@ -147,11 +151,11 @@ class LocalExecutor:
             if rv is None or (rv.revision not in revoked and not revoked.intersection(image)):
                 del st.revoked[name]  # lifted (unrevoke) or the spec moved on
         if revoked & {rv.revision for rv in st.resolved.values()}:
-            await self._resolve_fallbacks()
+            await resolve_fallbacks(st)
         if any(
             revoked.intersection(st.image_digests.get(v.image or "", ())) for v in st.spec.variants
         ):
-            await self._resolve_image_fallbacks()
+            await resolve_image_fallbacks(st, self.warmer.images)
             revoked = self._revoked()
         st.revoked_keys = revoked
         return self._desired(), dataclasses.replace(self._observed(), revoked=revoked)
@@ -165,47 +169,6 @@ class LocalExecutor:
         for digests in self.state.image_digests.values():
             known |= set(digests)
         return self.revocations.revisions(known)
-
-    async def _resolve_image_fallbacks(self) -> None:
-        """Resolve each variant's ``image.fallback`` list once its image is revoked; one
-        that does not resolve is left out (and said) until the next apply."""
-        st = self.state
-        for v in st.spec.variants:
-            if v.name in st.image_fallbacks or not v.image_fallback:
-                continue
-            out = []
-            for ref in v.image_fallback:
-                digests = await self.warmer.images.digests(ref)
-                if digests is None:
-                    st.say(f"{v.name}: image fallback {ref} does not resolve; skipped")
-                    continue
-                out.append((ref, digests))
-            st.image_fallbacks[v.name] = tuple(out)
-
-    async def _resolve_fallbacks(self) -> None:
-        """Resolve each variant's ``model.fallback`` list once a revocation needs it; a
-        fallback whose origin does not answer is left out (and said) until the next apply."""
-        st = self.state
-        for v in st.spec.variants:
-            if v.name in st.fallbacks or not v.model.fallback:
-                continue
-            out = []
-            for m in v.model.fallback:
-                try:
-                    revision, total, files = await resolve_source(m.source)
-                except FetchError as exc:
-                    st.say(f"{v.name}: fallback {m.source} does not resolve ({exc}); skipped")
-                    continue
-                if m.revision is not None and m.revision != revision:
-                    st.say(
-                        f"{v.name}: fallback {m.source} resolves to {revision[:24]}, not the "
-                        f"pinned {m.revision[:24]}; skipped"
-                    )
-                    continue
-                rv = ResolvedVariant(v.name, m.source, revision, total, files)
-                st.known.setdefault(revision, rv)
-                out.append(rv)
-            st.fallbacks[v.name] = tuple(out)
 
     async def _adopt_existing(self) -> None:
         """Nodes whose store already holds a wanted revision are ready for it."""
