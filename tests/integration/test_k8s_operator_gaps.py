@@ -377,3 +377,58 @@ def test_a_revoked_revision_rolls_to_the_fallback_or_degrades(world: World) -> N
         _passes(loop, 2)
     assert revision("fb") == r1
     assert world.condition("nofb", "Degraded")["status"] == "False"
+
+
+# --- imgrevoke (issue 11): a revoked image digest --------------------------------------
+
+
+def test_a_revoked_image_rolls_to_the_image_fallback_or_degrades(world: World) -> None:
+    """A Revocation of the image digest two endpoints run: the one with an image.fallback
+    gets its Deployment's image moved to the fallback (Progressing RollingToFallback, a
+    Revoked Event); the one without keeps its Deployment and reports Degraded=True Revoked
+    naming image.fallback. Deleting the Revocation moves the first back."""
+    repo = "127.0.0.1:5999/team/engine"
+    digest, fb_digest = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    image, fallback = f"{repo}@{digest}", f"{repo}@{fb_digest}"
+    for name, img in (("imgfb", {"ref": image, "fallback": [fallback]}), ("imgnofb", image)):
+        doc = {
+            "name": name,
+            "model": {"source": world.source},
+            "image": img,
+            "engine": {"simulated": {"profile": "tiny"}},
+            "replicas": {"min": 1, "max": 2},
+        }
+        body = endpoint_object(parse_endpoint(doc, origin="test"), namespace=NS)
+        world.kube.rest().must("POST", f"{API}/inferenceendpoints", body)
+    loops = {n: world.executor(n) for n in ("imgfb", "imgnofb")}
+    for _, loop in loops.values():
+        _passes(loop, 2)
+
+    def images(name: str) -> set[str]:
+        dep = world.get(f"{APPS}/deployments/{name}-main")
+        return {c["image"] for c in dep["spec"]["template"]["spec"]["containers"]}
+
+    assert image in images("imgfb") and image in images("imgnofb")
+    rvk = "/apis/preheat.dev/v1alpha1/revocations"
+    world.kube.rest().must("POST", rvk, {
+        "apiVersion": "preheat.dev/v1alpha1", "kind": "Revocation",
+        "metadata": {"name": "base-layer-cve"}, "spec": {"key": digest, "reason": "CVE"},
+    })  # fmt: skip
+    world.events.clear()
+    for _, loop in loops.values():
+        _passes(loop, 3)
+        assert loop.log.errors == 0, list(loop.log.messages)
+    assert fallback in images("imgfb") and image not in images("imgfb")
+    prog = world.condition("imgfb", "Progressing")
+    assert (prog["status"], prog["reason"]) == ("True", "RollingToFallback"), prog
+    assert image in images("imgnofb")
+    deg = world.condition("imgnofb", "Degraded")
+    assert (deg["status"], deg["reason"]) == ("True", "Revoked"), deg
+    assert "image.fallback" in deg["message"]
+    revoked = [(n, m) for n, r, m in world.events if r == "Revoked"]
+    assert {n for n, _ in revoked} == {"imgfb", "imgnofb"} and len(revoked) == 2  # once each
+    world.kube.rest().must("DELETE", f"{rvk}/base-layer-cve")
+    for _, loop in loops.values():
+        _passes(loop, 2)
+    assert image in images("imgfb") and fallback not in images("imgfb")
+    assert world.condition("imgnofb", "Degraded")["status"] == "False"

@@ -5,7 +5,8 @@ runs them in it):
 
 0. **Revocations.** A variant whose revision is revoked runs its first allowed fallback
    instead, or is held (no new replicas) and reported (``revocation.py``); no revoked
-   revision is warmed, kept for rollback, or rolled back to.
+   revision is warmed, kept for rollback, or rolled back to. A revoked image digest
+   moves the variant to its image fallback's template the same way.
 1. **Lost nodes.** Replicas on a node that is down are stopped (their router entries go
    with them); the steps below then see fewer replicas and replace them elsewhere.
 2. **Rollback.** A new revision whose replica failed for good while a stable revision
@@ -46,6 +47,7 @@ from preheat.control.state import (
     WaitGate,
     Warm,
     revision_of,
+    template_of,
 )
 
 __all__ = ["gate", "plan"]
@@ -130,7 +132,11 @@ def plan(
     for dv in desired.variants:
         st = observed.status(dv.name)
         rb = rollback_needed(dv, st, replicas)
-        if rb is not None and revision_of(rb.to) not in revoked:
+        if (
+            rb is not None
+            and revision_of(rb.to) not in revoked
+            and template_of(rb.to) not in sub.revoked_templates
+        ):
             out.append(rb)
             st = VariantStatus(
                 stable=st.stable or rb.to,

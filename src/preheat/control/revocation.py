@@ -15,14 +15,30 @@ tick (``plan.py``), each variant whose resolved revision is on it is rewritten:
 
 A revoked *stable* version is no rollback target (``stable`` is cleared for the tick),
 no revoked revision is warmed, and none is kept for rollback: ``plan.py`` deletes it
-from every node as soon as no replica holds it. Pure: no I/O, no clock.
+from every node as soon as no replica holds it.
+
+Images the same way: a variant whose image digest (``DesiredVariant.image``: the
+digests its tag resolved to in the image cache) is revoked runs the template of its
+first ``image.fallback`` whose digests are not revoked (``Revoked(kind="image")``;
+the new template is a new version, so the surge rollout moves the replicas), or, with
+none, is held and reported exactly like a revoked revision. A stable version whose
+template runs a revoked image is no rollback target. Both can apply to one variant in
+one tick (a revoked revision *and* a revoked image): each is substituted or held on its
+own. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from preheat.control.state import Desired, DesiredVariant, Observed, Revoked, revision_of
+from preheat.control.state import (
+    Desired,
+    DesiredVariant,
+    Observed,
+    Revoked,
+    revision_of,
+    template_of,
+)
 
 __all__ = ["Substitution", "substitute"]
 
@@ -34,6 +50,8 @@ class Substitution:
     actions: tuple[Revoked, ...]
     #: Variants that may not start replicas this tick (revoked, no fallback).
     held: frozenset[str]
+    #: Templates that run a revoked image: no rollback goes to a version with one.
+    revoked_templates: frozenset[str] = frozenset()
 
 
 def _fallback(dv: DesiredVariant, revoked: frozenset[str]) -> tuple[str, int] | None:
@@ -41,6 +59,38 @@ def _fallback(dv: DesiredVariant, revoked: frozenset[str]) -> tuple[str, int] | 
         if rev not in revoked and rev != dv.revision:
             return rev, size
     return None
+
+
+def _image_fallback(dv: DesiredVariant, revoked: frozenset[str]) -> tuple[str, str] | None:
+    """``(digest, template)`` of the first ``image.fallback`` that is not revoked."""
+    for digests, template in dv.image_fallbacks:
+        if digests and not revoked.intersection(digests) and template != dv.template:
+            return digests[0], template
+    return None
+
+
+def _substitute_one(
+    dv: DesiredVariant, revoked: frozenset[str], actions: list[Revoked], held: set[str]
+) -> DesiredVariant:
+    """``dv`` with its revoked revision and its revoked image replaced (or held)."""
+    if dv.revision in revoked:
+        fb = _fallback(dv, revoked)
+        if fb is None:
+            actions.append(Revoked(dv.name, dv.revision, None))
+            held.add(dv.name)
+        else:
+            actions.append(Revoked(dv.name, dv.revision, fb[0]))
+            dv = dataclasses.replace(dv, revision=fb[0], model_bytes=fb[1])
+    hit = sorted(revoked.intersection(dv.image))
+    if hit:
+        ifb = _image_fallback(dv, revoked)
+        if ifb is None:
+            actions.append(Revoked(dv.name, hit[0], None, kind="image"))
+            held.add(dv.name)
+        else:
+            actions.append(Revoked(dv.name, hit[0], ifb[0], kind="image"))
+            dv = dataclasses.replace(dv, template=ifb[1], image=())
+    return dv
 
 
 def substitute(desired: Desired, observed: Observed) -> Substitution:
@@ -51,21 +101,14 @@ def substitute(desired: Desired, observed: Observed) -> Substitution:
     variants: list[DesiredVariant] = []
     actions: list[Revoked] = []
     held: set[str] = set()
+    # Templates that run a revoked image: a stable version with one is no rollback target.
+    bad_templates = {dv.template for dv in desired.variants if revoked.intersection(dv.image)}
     for dv in desired.variants:
-        if dv.revision not in revoked:
-            variants.append(dv)
-            continue
-        fb = _fallback(dv, revoked)
-        if fb is None:
-            actions.append(Revoked(dv.name, dv.revision, None))
-            held.add(dv.name)
-            variants.append(dv)
-        else:
-            actions.append(Revoked(dv.name, dv.revision, fb[0]))
-            variants.append(dataclasses.replace(dv, revision=fb[0], model_bytes=fb[1]))
+        variants.append(_substitute_one(dv, revoked, actions, held))
     statuses = tuple(
         (name, dataclasses.replace(st, stable=None))
-        if st.stable is not None and revision_of(st.stable) in revoked
+        if st.stable is not None
+        and (revision_of(st.stable) in revoked or template_of(st.stable) in bad_templates)
         else (name, st)
         for name, st in observed.variants
     )
@@ -74,4 +117,5 @@ def substitute(desired: Desired, observed: Observed) -> Substitution:
         dataclasses.replace(observed, variants=statuses),
         tuple(actions),
         frozenset(held),
+        frozenset(bad_templates),
     )

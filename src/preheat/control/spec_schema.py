@@ -90,6 +90,31 @@ class _Model(_ModelRef):
     fallback: list[_ModelRef] = []
 
 
+class _ImageRef(_Edge):
+    """``image: {ref: REF, fallback: [REF, ...]}`` (``image: REF`` is the short form)."""
+
+    ref: str
+    #: Other allowed images, in order, used only while this one's digest is revoked.
+    fallback: list[str] = []
+
+
+def _image_parts(
+    where: str, loc: str, raw: str | _ImageRef | None
+) -> tuple[str | None, tuple[str, ...]]:
+    """``(ref, fallbacks)`` of an ``image`` field, every reference checked."""
+    if raw is None or isinstance(raw, str):
+        return raw, ()
+    for i, text in enumerate([raw.ref, *raw.fallback]):
+        try:
+            parse_image_ref(text)
+        except ConfigError as exc:
+            field = f"{loc}.ref" if i == 0 else f"{loc}.fallback[{i - 1}]"
+            raise _bad(where, f"{field} {text!r}: {exc}") from None
+    if raw.ref in raw.fallback:
+        raise _bad(where, f"{loc}.fallback lists {raw.ref!r}, the image itself; remove it")
+    return raw.ref, tuple(raw.fallback)
+
+
 class _Simulated(_Edge):
     profile: str = "tiny"
     time_scale: float = Field(1.0, alias="timeScale")
@@ -139,7 +164,7 @@ class _Variant(_Edge):
     name: str
     weight: float = 1.0
     model: _Model | None = None
-    image: str | None = None
+    image: str | _ImageRef | None = None
     engine: _Engine | None = None
     replicas: _Replicas | None = None
 
@@ -178,7 +203,7 @@ class _CacheConfig(_Edge):
 class _Endpoint(_Edge):
     name: str
     model: _Model | None = None
-    image: str | None = None
+    image: str | _ImageRef | None = None
     engine: _Engine | None = None
     replicas: _Replicas = Field(default_factory=_Replicas)
     autoscaling: _Autoscaling | None = None
@@ -330,6 +355,11 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
             )
         if rv.weight < 0:
             raise _bad(where, f"{loc}.weight {rv.weight} is negative; use a weight >= 0")
+        image_ref, image_fallback = (
+            _image_parts(where, f"{loc}.image", rv.image)
+            if rv.image is not None
+            else _image_parts(where, "image", raw.image)
+        )
         variants.append(
             VariantSpec(
                 name=rv.name,
@@ -338,7 +368,8 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
                     revision=model.revision,
                     fallback=tuple(ModelSpec(f.source, f.revision) for f in model.fallback),
                 ),
-                image=rv.image if rv.image is not None else raw.image,
+                image=image_ref,
+                image_fallback=image_fallback,
                 engine=_engine(where, f"{loc}.engine", rv.engine) or top_engine,
                 replicas=_replicas(where, f"{loc}.replicas", rv.replicas)
                 if rv.replicas

@@ -97,6 +97,9 @@ class VariantSpec:
     engine: EngineSpec
     replicas: ReplicaRange
     weight: float = 1.0
+    #: ``image.fallback``: other allowed images, in order of preference, used only while
+    #: ``image``'s digest is revoked (``control.revocation``).
+    image_fallback: tuple[str, ...] = ()
 
 
 #: The router's own defaults: a spec that leaves a routing field out gets what

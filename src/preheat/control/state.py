@@ -36,6 +36,7 @@ __all__ = [
     "Warm",
     "WeightsPolicy",
     "revision_of",
+    "template_of",
     "version_of",
 ]
 
@@ -60,6 +61,10 @@ def revision_of(version: str) -> str:
     return version.split(_SEP, 1)[0]
 
 
+def template_of(version: str) -> str:
+    return version.split(_SEP, 1)[1] if _SEP in version else ""
+
+
 # --- desired ------------------------------------------------------------------------------
 
 
@@ -77,6 +82,12 @@ class DesiredVariant:
     #: The spec's other allowed revisions (``model.fallback``), resolved, in order of
     #: preference: ``(revision, model_bytes)``. Used only when ``revision`` is revoked.
     fallbacks: tuple[tuple[str, int], ...] = ()
+    #: The digests naming the image ``template`` runs (image manifest, and the index it
+    #: was chosen from), as the image cache resolved its tag; empty when not known.
+    image: tuple[str, ...] = ()
+    #: The spec's ``image.fallback`` list, resolved, in order of preference:
+    #: ``(image digests, template that runs it)``. Used only when ``image`` is revoked.
+    image_fallbacks: tuple[tuple[tuple[str, ...], str], ...] = ()
 
     @property
     def version(self) -> str:
@@ -301,25 +312,33 @@ class DeleteRevision:
 
 @dataclass(frozen=True)
 class Revoked:
-    """``revision`` of ``variant`` is revoked: its replicas roll to ``to`` (the spec's
-    first allowed fallback that is not revoked), or, with none, the variant is Degraded
-    and no new replica of it starts (``control.revocation``)."""
+    """``revision`` of ``variant`` is revoked (``kind="image"``: the image digest its
+    replicas run): its replicas roll to ``to`` (the spec's first allowed fallback that is
+    not revoked), or, with none, the variant is Degraded and no new replica of it starts
+    (``control.revocation``)."""
 
     variant: str
     revision: str
     to: str | None
+    kind: Literal["revision", "image"] = "revision"
 
     @property
     def message(self) -> str:
+        what = "image" if self.kind == "image" else "revision"
         if self.to is not None:
             return (
-                f"{self.variant}: revision {self.revision[:24]} is revoked; rolling to "
+                f"{self.variant}: {what} {self.revision[:24]} is revoked; rolling to "
                 f"fallback {self.to[:24]}"
             )
+        fix = (
+            "image.fallback, or apply a new image"
+            if self.kind == "image"
+            else ("model.fallback, or apply a new model revision")
+        )
         return (
-            f"{self.variant}: revision {self.revision[:24]} is revoked and the spec allows no "
-            "other revision that is not (set model.fallback, or apply a new model "
-            "revision); serving replicas keep running, no new one starts"
+            f"{self.variant}: {what} {self.revision[:24]} is revoked and the spec allows no "
+            f"other {what} that is not (set {fix}); serving replicas keep running, no new "
+            "one starts"
         )
 
 

@@ -17,6 +17,7 @@ among the rest); ``unref`` drops it and, when it was the last holder, removes th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import platform as _platform
 import time
@@ -95,6 +96,45 @@ def default_platform() -> Platform:
     return node_platform(_platform.system(), _platform.machine())
 
 
+def image_source(
+    image_ref: ImageRef,
+    plat: Platform,
+    *,
+    credentials: Credentials | None = None,
+    connections: int = 8,
+    docker_config: Path | None = None,
+    retries: int = 3,
+    backoff: float = 0.5,
+) -> ImageSource:
+    """A source for ``image_ref`` on ``plat`` (credentials: default the docker config's)."""
+    creds = credentials
+    if creds is None:
+        creds = load_credentials(image_ref.registry, docker_config)
+    client = RegistryClient(
+        image_ref, credentials=creds, connections=connections, retries=retries, backoff=backoff
+    )
+    return ImageSource(client, image_ref, plat)
+
+
+async def resolve_digests(
+    ref: str, *, platform: Platform | None = None, docker_config: Path | None = None
+) -> tuple[str, ...]:
+    """The digests ``ref`` names now, ``(image manifest, index)`` (one when it points at
+    a manifest), asked of the registry (manifests only, no layer moves). A digest
+    reference answers itself, with no registry."""
+    image_ref = parse_image_ref(ref)
+    if image_ref.digest is not None:
+        return (image_ref.digest,)
+    source = image_source(image_ref, platform or default_platform(), docker_config=docker_config)
+    try:
+        await source.resolve()
+    finally:
+        await source.aclose()
+    assert source.resolved is not None
+    top = source.resolved.top_digest
+    return tuple(dict.fromkeys((source.resolved.image.descriptor.digest, top)))
+
+
 class ImageCache:
     """Images in one node store. ``docker_config``: the ``config.json`` to read
     credentials from (default ``$DOCKER_CONFIG/config.json`` or ``~/.docker``)."""
@@ -150,17 +190,7 @@ class ImageCache:
                     time.monotonic() - t0,
                     held.view,
                 )
-        creds = credentials
-        if creds is None:
-            creds = load_credentials(image_ref.registry, self.docker_config)
-        client = RegistryClient(
-            image_ref,
-            credentials=creds,
-            connections=connections,
-            retries=self.store.retries,
-            backoff=self.store.backoff,
-        )
-        source = ImageSource(client, image_ref, plat)
+        source = self._source(image_ref, plat, credentials, connections)
         opts = PullOptions(rate_limit, connections, progress, chunk)
         opts.check()
         try:
@@ -198,6 +228,35 @@ class ImageCache:
             seconds=time.monotonic() - t0,
             view=result.snapshot,
         )
+
+    def _source(
+        self,
+        image_ref: ImageRef,
+        plat: Platform,
+        credentials: Credentials | None = None,
+        connections: int = 8,
+    ) -> ImageSource:
+        return image_source(
+            image_ref,
+            plat,
+            credentials=credentials,
+            connections=connections,
+            docker_config=self.docker_config,
+            retries=self.store.retries,
+            backoff=self.store.backoff,
+        )
+
+    async def adigests(self, ref: str, *, platform: Platform | None = None) -> tuple[str, ...]:
+        """The digests ``ref`` names now: ``(image manifest, index)`` (one when the tag
+        points at a manifest). The store's record when it holds the image by that name
+        or digest, else asked of the registry (manifests only, no layer moves). Revoked
+        digests are answered too: this is how a revocation finds who runs them."""
+        image_ref = parse_image_ref(ref)
+        plat = platform or default_platform()
+        with contextlib.suppress(SnapshotNotFound):
+            img = await asyncio.to_thread(self.find, image_ref.digest or ref)
+            return tuple(dict.fromkeys((img.digest, img.top_digest)))
+        return await resolve_digests(ref, platform=plat, docker_config=self.docker_config)
 
     def _record(self, row: tuple[object, ...]) -> None:
         with self._db.write() as tx:

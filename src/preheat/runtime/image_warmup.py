@@ -100,6 +100,7 @@ class ImageWarmer:
     def _wanted(self) -> set[str]:
         st = self.state
         wanted = {v.image for v in st.spec.variants if v.image} if self.enabled else set()
+        wanted = {i for i in wanted if not self.revoked(i)}  # kept below while one runs it
         for r in st.live_replicas():
             image = self.image_of(r)
             if image:
@@ -114,6 +115,7 @@ class ImageWarmer:
         if self.enabled:
             selector = st.spec.cache.weights.nodes
             images = sorted({v.image for v in st.spec.variants if v.image})
+            images = [i for i in images if not self.revoked(i)]  # a pull would be refused
             for node in st.nodes.values():
                 if not node.up or node.cache.closed:
                     continue
@@ -149,6 +151,7 @@ class ImageWarmer:
             )
             return
         e.digest, e.error, e.failures = res.digest, None, 0
+        st.image_digests[image] = tuple(dict.fromkeys((res.digest, res.top_digest)))
         st.say(
             f"image {shown} on {node.name}: {res.digest[:19]}, "
             f"{format_size(res.bytes_fetched)} fetched, {format_size(res.bytes_reused)} "
@@ -206,9 +209,32 @@ class ImageWarmer:
     def _find(self, node: Node, image: str) -> str | None:
         try:
             ref = parse_image_ref(image)
-            return self._cache(node).find(ref.digest or image).digest
+            img = self._cache(node).find(ref.digest or image)
         except (PreheatError, OSError):
             return None
+        self.state.image_digests[image] = tuple(dict.fromkeys((img.digest, img.top_digest)))
+        return img.digest
+
+    def revoked(self, image: str) -> bool:
+        """Whether ``image``'s digest was on the revocation list at the last tick."""
+        return bool(self.state.revoked_keys.intersection(self.state.image_digests.get(image, ())))
+
+    async def digests(self, image: str) -> tuple[str, ...] | None:
+        """The digests ``image`` names (``ImageCache.adigests``: a node's record, else the
+        registry); remembered. None, said, when neither answers."""
+        st = self.state
+        if image in st.image_digests:
+            return st.image_digests[image]
+        nodes = [n for n in st.nodes.values() if not n.cache.closed]
+        if not nodes:
+            return None
+        try:
+            digests = await self._cache(nodes[0]).adigests(image)
+        except (PreheatError, OSError) as exc:
+            st.say(f"image {redact_url(image)} does not resolve ({redact_url(str(exc))})")
+            return None
+        st.image_digests[image] = digests
+        return digests
 
     # --- lifecycle --------------------------------------------------------------------
 

@@ -269,6 +269,7 @@ class LocalFleet:
             st.spec = spec
             self.executor.remember(resolved)
             st.fallbacks = {}  # resolved again from the new spec when a revocation needs it
+            st.image_fallbacks = {}
             counts = {}
             for v in spec.variants:
                 keep = st.replica_counts.get(v.name, v.replicas.min)

@@ -50,7 +50,11 @@ from preheat.runtime.model import (
 )
 from preheat.runtime.nodestore import resolve_source
 from preheat.runtime.replicas import Supervisor
-from preheat.runtime.revocations import FleetRevocations
+from preheat.runtime.revocations import (
+    FleetRevocations,
+    resolve_fallbacks,
+    resolve_image_fallbacks,
+)
 from preheat.runtime.router_proc import RouterProcess
 from preheat.runtime.warmup import Warmer, backoff
 
@@ -136,13 +140,24 @@ class LocalExecutor:
             await self._adopt_existing()
         if st.spec.autoscaling is not None:
             await self._autoscale()
+        if self.revocations is not None and self.revocations.entries:
+            for v in st.spec.variants:  # the digest each image runs, once per image
+                if v.image and v.image not in st.image_digests:
+                    await self.warmer.images.digests(v.image)
         revoked = self._revoked()
         for name in list(st.revoked):
             rv = st.resolved.get(name)
-            if rv is None or rv.revision not in revoked:
+            image = st.image_digests.get(st.spec.variant(name).image or "", ())
+            if rv is None or (rv.revision not in revoked and not revoked.intersection(image)):
                 del st.revoked[name]  # lifted (unrevoke) or the spec moved on
         if revoked & {rv.revision for rv in st.resolved.values()}:
-            await self._resolve_fallbacks()
+            await resolve_fallbacks(st)
+        if any(
+            revoked.intersection(st.image_digests.get(v.image or "", ())) for v in st.spec.variants
+        ):
+            await resolve_image_fallbacks(st, self.warmer.images)
+            revoked = self._revoked()
+        st.revoked_keys = revoked
         return self._desired(), dataclasses.replace(self._observed(), revoked=revoked)
 
     def _revoked(self) -> frozenset[str]:
@@ -151,32 +166,9 @@ class LocalExecutor:
         known = set(self.state.known)
         for fbs in self.state.fallbacks.values():
             known |= {f.revision for f in fbs}
+        for digests in self.state.image_digests.values():
+            known |= set(digests)
         return self.revocations.revisions(known)
-
-    async def _resolve_fallbacks(self) -> None:
-        """Resolve each variant's ``model.fallback`` list once a revocation needs it; a
-        fallback whose origin does not answer is left out (and said) until the next apply."""
-        st = self.state
-        for v in st.spec.variants:
-            if v.name in st.fallbacks or not v.model.fallback:
-                continue
-            out = []
-            for m in v.model.fallback:
-                try:
-                    revision, total, files = await resolve_source(m.source)
-                except FetchError as exc:
-                    st.say(f"{v.name}: fallback {m.source} does not resolve ({exc}); skipped")
-                    continue
-                if m.revision is not None and m.revision != revision:
-                    st.say(
-                        f"{v.name}: fallback {m.source} resolves to {revision[:24]}, not the "
-                        f"pinned {m.revision[:24]}; skipped"
-                    )
-                    continue
-                rv = ResolvedVariant(v.name, m.source, revision, total, files)
-                st.known.setdefault(revision, rv)
-                out.append(rv)
-            st.fallbacks[v.name] = tuple(out)
 
     async def _adopt_existing(self) -> None:
         """Nodes whose store already holds a wanted revision are ready for it."""
@@ -241,6 +233,11 @@ class LocalExecutor:
                     template=st.template(v),
                     fallbacks=tuple(
                         (f.revision, f.model_bytes) for f in st.fallbacks.get(v.name, ())
+                    ),
+                    image=st.image_digests.get(v.image or "", ()),
+                    image_fallbacks=tuple(
+                        (digests, st.template(dataclasses.replace(v, image=ref)))
+                        for ref, digests in st.image_fallbacks.get(v.name, ())
                     ),
                 )
                 for v in st.spec.variants

@@ -192,6 +192,15 @@ class FleetState:
     fallbacks: dict[str, tuple[ResolvedVariant, ...]] = field(default_factory=dict)
     #: variant -> the planner's last ``Revoked`` message for it (status; Degraded).
     revoked: dict[str, str] = field(default_factory=dict)
+    #: image ref -> the digests it resolved to (image manifest, index) as the image
+    #: cache recorded them; kept once the image left the stores (revoked).
+    image_digests: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: variant -> its ``image.fallback`` list, resolved: ``(ref, digests)``.
+    image_fallbacks: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = field(
+        default_factory=dict
+    )
+    #: What the last tick found revoked (revisions and image digests).
+    revoked_keys: frozenset[str] = frozenset()
 
     def say(self, text: str) -> None:
         self.log.say(text)

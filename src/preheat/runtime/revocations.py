@@ -21,11 +21,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preheat.errors import ControlError
-from preheat.runtime.model import FleetState, Node
+from preheat.errors import ControlError, FetchError
+from preheat.runtime.image_warmup import ImageWarmer
+from preheat.runtime.model import FleetState, Node, ResolvedVariant
+from preheat.runtime.nodestore import resolve_source
+from preheat.sources.oci_layer_meta import layer_users
 from preheat.store.revoke import normalise
 
-__all__ = ["FleetRevocations"]
+__all__ = ["FleetRevocations", "resolve_fallbacks", "resolve_image_fallbacks"]
 
 
 @dataclass
@@ -118,10 +121,14 @@ class FleetRevocations:
 
 
 def _names(st: FleetState, key: str) -> frozenset[str]:
-    """Known revisions whose snapshot on some node has manifest digest ``key``."""
+    """Known revisions whose snapshot on some node has manifest digest ``key`` or was
+    unpacked from the tar layer ``key`` (``oci_stage.layer_users``)."""
     out: set[str] = set()
+    built: set[str] = set()
+    for node in st.nodes.values():
+        built |= layer_users(node.cache.store.root, key)
     for rev in list(st.known):
-        if normalise(rev) == key:
+        if normalise(rev) == key or rev in built:
             out.add(rev)
             continue
         for node in st.nodes.values():
@@ -133,3 +140,44 @@ def _names(st: FleetState, key: str) -> frozenset[str]:
                     out.add(rev)
                     break
     return frozenset(out)
+
+
+async def resolve_image_fallbacks(st: FleetState, images: ImageWarmer) -> None:
+    """Resolve each variant's ``image.fallback`` list once its image is revoked; one
+    that does not resolve is left out (and said) until the next apply."""
+    for v in st.spec.variants:
+        if v.name in st.image_fallbacks or not v.image_fallback:
+            continue
+        out = []
+        for ref in v.image_fallback:
+            digests = await images.digests(ref)
+            if digests is None:
+                st.say(f"{v.name}: image fallback {ref} does not resolve; skipped")
+                continue
+            out.append((ref, digests))
+        st.image_fallbacks[v.name] = tuple(out)
+
+
+async def resolve_fallbacks(st: FleetState) -> None:
+    """Resolve each variant's ``model.fallback`` list once a revocation needs it; a
+    fallback whose origin does not answer is left out (and said) until the next apply."""
+    for v in st.spec.variants:
+        if v.name in st.fallbacks or not v.model.fallback:
+            continue
+        out = []
+        for m in v.model.fallback:
+            try:
+                revision, total, files = await resolve_source(m.source)
+            except FetchError as exc:
+                st.say(f"{v.name}: fallback {m.source} does not resolve ({exc}); skipped")
+                continue
+            if m.revision is not None and m.revision != revision:
+                st.say(
+                    f"{v.name}: fallback {m.source} resolves to {revision[:24]}, not the "
+                    f"pinned {m.revision[:24]}; skipped"
+                )
+                continue
+            rv = ResolvedVariant(v.name, m.source, revision, total, files)
+            st.known.setdefault(revision, rv)
+            out.append(rv)
+        st.fallbacks[v.name] = tuple(out)

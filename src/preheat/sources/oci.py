@@ -21,21 +21,19 @@ directory the fill copies from (``oci_stage``). A layer's listing is kept by dig
 layer that did not change between two revisions is not fetched again. The revision is
 the (platform) manifest's digest.
 
-``RegistryBlobSource`` holds what every registry-backed source shares (the image cache's
-``images.source`` too): small files served from memory, blobs by ranged GETs on the
-fill's zero-copy splice path, or ``RegistryClient.blob`` when that path cannot serve
-(TLS, redirects, a token to renew).
+``RegistryBlobSource`` (``oci_blobs``, re-exported here) holds what every
+registry-backed source shares.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import errno
+import os
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from preheat.artifacts.manifest import FileEntry, Manifest, check_relpath
 from preheat.artifacts.refs import ArtifactRef, redact_url
@@ -53,8 +51,9 @@ from preheat.images.manifest import (
     read_descriptor,
 )
 from preheat.images.reference import ImageRef, Platform, node_platform, parse_image_ref
-from preheat.sources import _splice
 from preheat.sources.base import Location, Resolution, Unsupported
+from preheat.sources.oci_blobs import RegistryBlobSource
+from preheat.sources.oci_layer_meta import record_users
 from preheat.sources.oci_layers import (
     IMAGE_TAR_LAYERS,
     MODEL_TAR_LAYERS,
@@ -65,6 +64,8 @@ from preheat.sources.oci_layers import (
     merge_models,
 )
 from preheat.sources.oci_stage import LayerStager
+
+_COPY = 8 << 20  # bytes per copy of a staged tar member into the fill
 
 MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -77,72 +78,6 @@ def oci_ref(text: str) -> ArtifactRef:
     """``oci://registry/repo:tag`` as an ``ArtifactRef`` (the image reference is checked)."""
     parse_image_ref(text.removeprefix("oci://"))
     return ArtifactRef(text=text, scheme="oci", location=text.removeprefix("oci://"))
-
-
-class RegistryBlobSource:
-    """Blob fetching shared by registry-backed sources (see the module docstring)."""
-
-    def __init__(self, client: RegistryClient) -> None:
-        self.client = client
-        self._memory: dict[str, bytes] = {}
-        self._pools: dict[tuple[str, int], _splice.SplicePool] = {}
-        self._splice_ok = True
-
-    async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
-        await self.client.aclose()
-
-    def can_direct(self, location: Location) -> bool:
-        return (
-            _splice.AVAILABLE
-            and self._splice_ok
-            and location.url not in self._memory
-            and location.url.startswith("http://")
-        )
-
-    async def fetch_to_fd(
-        self,
-        location: Location,
-        start: int,
-        end: int,
-        fd: int,
-        on_bytes: Callable[[int, int], None],
-    ) -> None:
-        parts = urlsplit(location.url)
-        key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = _splice.SplicePool(*key)
-        shown = redact_url(location.url)
-        try:
-            await pool.get_range(
-                parts.path,
-                start,
-                end,
-                fd,
-                on_bytes,
-                shown,
-                headers=await self.client.auth_headers(),
-                check=functools.partial(_needs_client, shown),
-            )
-        except Unsupported:
-            self._splice_ok = False  # redirects, a token to renew: the full client
-            raise
-
-    async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        data = self._memory.get(location.url)
-        if data is not None:
-            yield data[start:end]
-            return
-        async for chunk in self.client.blob(location.url, start, end):
-            yield chunk
-
-
-def _needs_client(shown: str, status: int, headers: Mapping[str, str]) -> None:
-    if status in (301, 302, 303, 307, 308, 401):
-        raise Unsupported(f"{shown}: HTTP {status} needs the full client")
 
 
 class OciSource(RegistryBlobSource):
@@ -172,16 +107,20 @@ class OciSource(RegistryBlobSource):
                 backoff=backoff,
             )
         )
-        self.layers = LayerStager(self.client)
+        self.layers = LayerStager(self.client, self._layer_direct)
         # tar-member URL -> (layer, compression, mode, sha256 of the file)
         self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
         self._revoked: dict[str, tuple[str, float]] = {}
+        self._copy_ok = True  # False once copy_file_range is refused (staging elsewhere)
 
-    def bind_store(self, layout: Any, revoked: Mapping[str, tuple[str, float]]) -> None:
-        """Keep tar-layer listings and staging in the store, and refuse what its
-        revocation list names (digest -> (reason, since)) before fetching any layer (the
-        puller calls this; the store checks the extracted files itself)."""
-        self.layers.bind_store(Path(layout.root))
+    def bind_store(
+        self, layout: Any, revoked: Mapping[str, tuple[str, float]], space: Any = None
+    ) -> None:
+        """Keep tar-layer listings and staging in the store (reserved in its ``space``),
+        and refuse what its revocation list names (digest -> (reason, since)) before
+        fetching any layer (the puller calls this; the store checks the extracted files
+        itself)."""
+        self.layers.bind_store(Path(layout.root), space)
         self._revoked = dict(revoked)
 
     def _refuse(self, digests: list[str], store: Path | None) -> None:
@@ -200,22 +139,69 @@ class OciSource(RegistryBlobSource):
         await super().aclose()
 
     def can_direct(self, location: Location) -> bool:
-        return location.url not in self._members and super().can_direct(location)
+        if location.url in self._members:
+            return self._copy_ok and hasattr(os, "copy_file_range")
+        return super().can_direct(location)
+
+    async def _layer_direct(
+        self, url: str, start: int, end: int, fd: int, on_bytes: Callable[[int, int], None]
+    ) -> None:
+        """A whole tar layer's download on the zero-copy path of raw layers."""
+        location = Location(url=url, fingerprint="")
+        if not super().can_direct(location):
+            raise Unsupported(f"{redact_url(url)}: no zero-copy path")
+        await super().fetch_to_fd(location, start, end, fd, on_bytes)
+
+    async def _staged(self, url: str) -> tuple[Path, int]:
+        layer, compression, mode, sha = self._members[url]
+        await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
+        return self.layers.staged(sha)
+
+    async def fetch_to_fd(
+        self,
+        location: Location,
+        start: int,
+        end: int,
+        fd: int,
+        on_bytes: Callable[[int, int], None],
+    ) -> None:
+        """A tar member: copied from staging in the kernel (``copy_file_range``); raises
+        ``Unsupported`` where staging is on another filesystem. Else the registry's."""
+        if location.url not in self._members:
+            await super().fetch_to_fd(location, start, end, fd, on_bytes)
+            return
+        path, base = await self._staged(location.url)
+        src = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+        try:
+            pos = start
+            while pos < end:
+                try:
+                    n = await asyncio.to_thread(
+                        os.copy_file_range, src, fd, min(_COPY, end - pos), base + pos, pos
+                    )
+                except OSError as exc:
+                    if exc.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        self._copy_ok = False
+                        raise Unsupported(f"copy_file_range from {path}: {exc.strerror}") from exc
+                    raise
+                if n == 0:
+                    raise TruncatedBody(f"{path}: staged file ended at byte {pos}, expected {end}")
+                on_bytes(pos, n)
+                pos += n
+        finally:
+            os.close(src)
 
     async def fetch(self, location: Location, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        member = self._members.get(location.url)
-        if member is None:
+        if location.url not in self._members:
             async for chunk in super().fetch(location, start, end):
                 yield chunk
             return
-        layer, compression, mode, sha = member
-        await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
-        path = self.layers.staged_file(sha)
+        path, base = await self._staged(location.url)
         with open(path, "rb") as f:
-            f.seek(start)
+            f.seek(base + start)
             pos = start
             while pos < end:
-                data = await asyncio.to_thread(f.read, min(end - pos, 8 << 20))
+                data = await asyncio.to_thread(f.read, min(end - pos, _COPY))
                 if not data:
                     raise TruncatedBody(f"{path}: staged file ended at byte {pos}, expected {end}")
                 pos += len(data)
@@ -248,6 +234,9 @@ class OciSource(RegistryBlobSource):
             files = await self._modelcar(doc, mt, got.digest, config_mt)
         entries = tuple(FileEntry(p, size, sha) for p, (size, sha, _) in sorted(files.items()))
         locations = {p: loc for p, (_, _, loc) in files.items()}
+        if self.layers.root is not None and digests:  # every layer, whatever it added
+            hexes = [d.removeprefix("sha256:") for d in digests]
+            await asyncio.to_thread(record_users, self.layers.root, got.digest, hexes)
         return Resolution(self.ref, got.digest, Manifest(entries), locations, label=ref.tag)
 
     def _member(self, layer: Descriptor, compression: str, mode: Mode, m: Member) -> Location:

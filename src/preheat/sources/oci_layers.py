@@ -103,11 +103,15 @@ class LayerDiff:
 
 
 def _open_tar(f: IO[bytes], compression: str) -> tarfile.TarFile:
+    # tarfile's stream reads 10 KiB at a time by default: 4 MiB reads cost far less
     if compression == "zstd":
         import zstandard
 
-        return tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(f), mode="r|")
-    return tarfile.open(fileobj=f, mode="r|gz" if compression == "gzip" else "r|")
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=_COPY)
+        return tarfile.open(fileobj=reader, mode="r|", bufsize=_COPY)
+    if compression == "gzip":
+        return tarfile.open(fileobj=f, mode="r|gz", bufsize=_COPY)
+    return tarfile.open(fileobj=f, mode="r:")  # a plain tar on disk: members read in place
 
 
 def _stage(src: IO[bytes], size: int, staging: Path) -> str:
@@ -126,6 +130,21 @@ def _stage(src: IO[bytes], size: int, staging: Path) -> str:
     digest = h.hexdigest()
     os.replace(tmp, staging / digest)
     return digest
+
+
+def _hash_in_place(f: IO[bytes], offset: int, size: int) -> str:
+    """The sha256 of ``size`` bytes at ``offset`` of the (plain tar) layer file."""
+    h = hashlib.sha256()
+    buf = bytearray(_COPY)
+    view = memoryview(buf)
+    fd, pos, end = f.fileno(), offset, offset + size
+    while pos < end:
+        n = os.preadv(fd, [view[: min(_COPY, end - pos)]], pos)
+        if n == 0:
+            raise UnsupportedMediaType(f"a member ended after {pos - offset} of {size} bytes")
+        h.update(view[:n])
+        pos += n
+    return h.hexdigest()
 
 
 def _relative(name: str, mode: Mode) -> str | None:
@@ -153,13 +172,22 @@ def _normalise(raw: str, where: str) -> str:
 
 
 def scan_layer(
-    blob: Path, media_type: str, compression: str, mode: Mode, staging: Path, where: str
+    blob: Path,
+    media_type: str,
+    compression: str,
+    mode: Mode,
+    staging: Path,
+    where: str,
+    in_place: dict[str, int] | None = None,
 ) -> LayerDiff:
     """Read the layer at ``blob`` (already verified against its digest); see the module
-    docstring for what it refuses. File bytes land in ``staging``."""
+    docstring for what it refuses. File bytes land in ``staging``; with ``in_place`` and
+    an uncompressed layer they stay where they are in ``blob`` (the caller keeps it), and
+    ``in_place`` gets sha256 -> offset of the bytes in ``blob``."""
     try:
         with open(blob, "rb") as f, _open_tar(f, compression) as tar:
-            return _scan(tar, mode, staging, where)
+            spot = in_place if compression == "" else None
+            return _scan(tar, mode, staging, where, f if spot is not None else None, spot)
     except (UnsafePath, UnsupportedMediaType):
         raise
     except _read_errors() as exc:
@@ -177,7 +205,14 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, zstandard.ZstdError)
 
 
-def _scan(tar: tarfile.TarFile, mode: Mode, staging: Path, where: str) -> LayerDiff:
+def _scan(
+    tar: tarfile.TarFile,
+    mode: Mode,
+    staging: Path,
+    where: str,
+    layer: IO[bytes] | None = None,
+    in_place: dict[str, int] | None = None,
+) -> LayerDiff:
     members: list[Member] = []
     seen: set[str] = set()
     whiteouts: list[str] = []
@@ -225,6 +260,11 @@ def _scan(tar: tarfile.TarFile, mode: Mode, staging: Path, where: str) -> LayerD
         if not info.isreg():
             kind = "a device file" if info.ischr() or info.isblk() else "a FIFO or special file"
             raise UnsafePath(f"{what} is {kind}; refused")
+        if layer is not None and in_place is not None and not info.issparse():
+            sha = _hash_in_place(layer, info.offset_data, info.size)
+            in_place.setdefault(sha, info.offset_data)
+            members.append(Member(rel, "file", info.size, sha))
+            continue
         src = tar.extractfile(info)
         assert src is not None  # a regular file always has a body
         members.append(Member(rel, "file", info.size, _stage(src, info.size, staging)))

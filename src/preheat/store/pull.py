@@ -158,7 +158,7 @@ class Puller:
         source = open_source(r, endpoint_url=endpoint_url, connections=opts.connections)
         bind = getattr(source, "bind_store", None)
         if bind is not None:  # oci://: tar-layer listings in the store, revoked layers early
-            bind(self.layout, await asyncio.to_thread(revoked, self.db))
+            bind(self.layout, await asyncio.to_thread(revoked, self.db), self.space)
         try:
             res = await source.resolve()
             if revision is not None and res.revision != revision:

@@ -3,7 +3,8 @@
 ``revoke(key)`` records ``key`` (a blob or image digest, a snapshot digest, or a model
 revision) and removes what the store holds of it: every snapshot that is that digest,
 was resolved from that revision, or links that blob, and then the blobs no remaining
-snapshot uses. A snapshot leased by a running replica (or referenced by an endpoint's
+snapshot uses; a tar layer's digest also matches the snapshots unpacked from it (the
+revisions its ``oci-layers/users-<hex>.json`` lists). A snapshot leased by a running replica (or referenced by an endpoint's
 image) is kept for its holders and reported: the revocation refuses every *new* pull of
 it (rolling the holders to another version is the fleet's job, not built yet). Until
 ``unrevoke``, every pull whose revision, snapshot digest or any file digest is on the list fails with
@@ -14,6 +15,7 @@ Keys are normalised: ``<64 hex>`` and ``sha256:<64 hex>`` are the same key.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -57,8 +59,14 @@ def revoke(db: Db, space: Space, key: str, reason: str = "") -> RevokeReport:
         with db.write() as tx:
             tx.revoke(key, reason or "revoked")
             hit: set[str] = set()
+            built = _built_from(db.path.parent, hexd)
             for s in tx.infos():
-                if s.digest == hexd or key in s.revisions or (hexd is not None and hexd in s.blobs):
+                if (
+                    s.digest == hexd
+                    or key in s.revisions
+                    or (hexd is not None and hexd in s.blobs)
+                    or built.intersection(s.revisions)
+                ):
                     hit.add(s.digest)
             blobs: set[str] = set()
             for d in sorted(hit):
@@ -77,6 +85,18 @@ def revoke(db: Db, space: Space, key: str, reason: str = "") -> RevokeReport:
     finally:
         empty_trash(trash)
     return RevokeReport(key, tuple(removed), tuple(kept), done.blobs)
+
+
+def _built_from(root: Path, hexd: str | None) -> set[str]:
+    """Revisions whose snapshots were unpacked from the tar layer ``hexd`` (OCI sources
+    record them in ``oci-layers/users-<hex>.json``, ``sources.oci_stage.record_users``)."""
+    if hexd is None:
+        return set()
+    try:
+        raw = json.loads((root / "oci-layers" / f"users-{hexd}.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return set()
+    return {str(r) for r in raw} if isinstance(raw, list) else set()
 
 
 def unrevoke(db: Db, key: str) -> bool:

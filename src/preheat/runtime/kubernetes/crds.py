@@ -153,6 +153,19 @@ def _model() -> Schema:
     )
 
 
+def _image() -> Schema:
+    # Untyped: a string (the short form) or ``{ref, fallback}``; the operator validates it
+    # with the same rules as a local spec (control.spec_schema) and reports what is wrong.
+    return {
+        "x-kubernetes-preserve-unknown-fields": True,
+        "description": (
+            "Container image of the engine: REGISTRY/REPO:TAG (or @sha256:...), or "
+            "{ref: IMAGE, fallback: [IMAGE, ...]}: other allowed images, in order, used only "
+            "while the image's digest is revoked."
+        ),
+    }
+
+
 def _engine() -> Schema:
     return _obj(
         {
@@ -182,7 +195,7 @@ def endpoint_spec_schema() -> Schema:
     return _obj(
         {
             "model": _model(),
-            "image": _str("Container image of the engine."),
+            "image": _image(),
             "engine": _engine(),
             "replicas": _replicas(),
             "autoscaling": _obj(
@@ -200,7 +213,7 @@ def endpoint_spec_schema() -> Schema:
                         "name": _str(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"),
                         "weight": _num(minimum=0),
                         "model": _model(),
-                        "image": _str(),
+                        "image": _image(),
                         "engine": _engine(),
                         "replicas": _replicas(),
                     },

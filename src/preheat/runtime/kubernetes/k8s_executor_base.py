@@ -17,6 +17,7 @@ from kubernetes import client
 from preheat.control.spec_types import EndpointSpec
 from preheat.control.state import Desired, Observed, OpenGate, WaitGate
 from preheat.runtime.kubernetes import endpoint_status as es
+from preheat.runtime.kubernetes.revocations import ImageRevocations
 from preheat.runtime.kubernetes.workload import ENDPOINT_LABEL
 
 __all__ = ["EmitFn", "ExecutorBase", "OperatorConfig"]
@@ -101,6 +102,8 @@ class ExecutorBase:
         #: and the generation it was resolved for.
         self.fallbacks: dict[str, list[es.Resolved]] = {}
         self.fallbacks_generation = -1
+        #: The endpoint's image digests and ``image.fallback`` lists (revocations).
+        self.images = ImageRevocations()
         #: variant -> the last ``Revoked`` message an Event was posted for.
         self.revoked_said: dict[str, str] = {}
         self.notices: list[str] = []

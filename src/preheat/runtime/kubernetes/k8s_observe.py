@@ -135,7 +135,9 @@ class Observer(ExecutorBase):
             self.notices.extend(problems)
             fallbacks = [r for fbs in self.fallbacks.values() for r in fbs]
             revoked = revoked_revisions(keys, [*self.resolved.values(), *fallbacks])
-        return revoked
+        images, problems = await self.images.revoked(spec, keys)
+        self.notices.extend(p for p in problems if p not in self.notices)
+        return revoked | images
 
     def _remember(self, ep: dict[str, Any], spec: EndpointSpec) -> None:
         """Load the executor's memory from status on the first pass (operator restart)."""
@@ -194,6 +196,8 @@ class Observer(ExecutorBase):
                 v.weight,
                 template=template_fingerprint(v),
                 fallbacks=tuple((r.revision, r.bytes) for r in self.fallbacks.get(v.name, ())),
+                image=self.images.variant(v)[0],
+                image_fallbacks=self.images.variant(v)[1],
             )
             for v in spec.variants
         )

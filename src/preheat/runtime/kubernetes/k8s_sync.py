@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from preheat.control.rollout import effective_version
-from preheat.control.state import revision_of
+from preheat.control.state import revision_of, template_of
 from preheat.runtime.kubernetes import endpoint_status as es
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.discovery import variant_service_name
@@ -30,6 +30,7 @@ from preheat.runtime.kubernetes.k8s_executor_base import (
     _iso,
     _short,
 )
+from preheat.runtime.kubernetes.revocations import running_variant
 from preheat.runtime.kubernetes.workload import (
     SPEC_REPLICAS_ANNOTATION,
     VERSION_ANNOTATION,
@@ -72,7 +73,8 @@ class WorkloadSync(ExecutorBase):
             target = cur_version
             rev = revision_of(target)
         res = self._resolved_rev(rev)
-        spec_v = p.spec.variant(variant)
+        # The image fallback the planner moved the variant to (its own image revoked).
+        spec_v = running_variant(p.spec.variant(variant), template_of(target))
         if res is None:
             res = es.Resolved(spec_v.model.source, rev, mem.digests.get(rev, rev), 0)
         mem.digests[rev] = res.digest

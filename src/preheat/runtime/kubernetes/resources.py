@@ -155,8 +155,16 @@ def _variant(v: VariantSpec) -> dict[str, Any]:
         "replicas": _replicas(v.replicas),
     }
     if v.image:
-        out["image"] = v.image
+        out["image"] = _image(v)
     return out
+
+
+def _image(v: VariantSpec) -> str | dict[str, Any]:
+    """``image`` as written: the short form unless it has an ``image.fallback`` list."""
+    assert v.image is not None
+    if v.image_fallback:
+        return {"ref": v.image, "fallback": list(v.image_fallback)}
+    return v.image
 
 
 def endpoint_spec_dict(spec: EndpointSpec, pod: PodOverrides | None = None) -> dict[str, Any]:
@@ -189,7 +197,7 @@ def endpoint_spec_dict(spec: EndpointSpec, pod: PodOverrides | None = None) -> d
         },
     }
     if first.image:
-        out["image"] = first.image
+        out["image"] = _image(first)
     if spec.autoscaling is not None:
         a = spec.autoscaling
         out["autoscaling"] = {

@@ -21,12 +21,15 @@ digest, as in ``preheat cache|image revoke``. Deleting the object lifts it.
   every NodeCache lists the key: ``sync_revocation_statuses``), and reads the list each pass (``revoked_revisions``) into the planner's
   ``Observed.revoked``: endpoints that run a revoked revision roll to their
   ``model.fallback`` (resolved here, once per generation, only when needed) or report
-  ``Degraded=True Revoked``, with an Event either way.
+  ``Degraded=True Revoked``, with an Event either way. An image digest the same way
+  (``ImageRevocations``): the variant's Deployment moves to its ``image.fallback``
+  (``running_variant``), or the endpoint reports ``Degraded=True Revoked``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -35,11 +38,14 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from preheat.control.spec_types import EndpointSpec
+from preheat.artifacts.refs import redact_url
+from preheat.control.spec_types import EndpointSpec, VariantSpec
 from preheat.errors import PreheatError
+from preheat.images.cache import resolve_digests
 from preheat.runtime.kubernetes import endpoint_status as es
 from preheat.runtime.kubernetes.conditions import Condition, merge_conditions
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
+from preheat.runtime.kubernetes.workload import template_fingerprint
 from preheat.runtime.nodestore import open_source
 from preheat.store.revoke import normalise
 from preheat.store.store import NodeStore
@@ -47,10 +53,12 @@ from preheat.store.store import NodeStore
 __all__ = [
     "REVOCATIONS",
     "AgentRevocations",
+    "ImageRevocations",
     "list_revocations",
     "resolve_fallbacks",
     "revocation_status",
     "revoked_revisions",
+    "running_variant",
     "sync_revocation_statuses",
 ]
 
@@ -113,6 +121,80 @@ async def resolve_fallbacks(spec: EndpointSpec) -> tuple[dict[str, list[es.Resol
             )
         out[v.name] = got
     return out, problems
+
+
+class ImageRevocations:
+    """The operator's view of its endpoint's images on the revocation list: the digests
+    each variant's ``image`` names (a digest reference names itself; a tag is resolved
+    with the registry once and remembered, so the answer stays once the image is
+    revoked and gone), and each ``image.fallback`` list, resolved only while the image
+    it backs is revoked."""
+
+    def __init__(self) -> None:
+        self.digests: dict[str, tuple[str, ...]] = {}
+        #: variant -> (its fallback refs as written, resolved ``(ref, digests)``).
+        self.fallbacks: dict[
+            str, tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]
+        ] = {}
+
+    async def _digests(self, ref: str, problems: list[str], what: str) -> tuple[str, ...] | None:
+        if ref not in self.digests:
+            try:
+                self.digests[ref] = await resolve_digests(ref)
+            except (PreheatError, OSError) as exc:
+                problems.append(
+                    f"{what} {redact_url(ref)} does not resolve ({redact_url(str(exc))})"
+                )
+                return None
+        return self.digests[ref]
+
+    async def revoked(
+        self, spec: EndpointSpec, keys: Mapping[str, str]
+    ) -> tuple[frozenset[str], list[str]]:
+        """The image digests of ``spec`` (images and, when needed, fallbacks) that ``keys``
+        revokes, and what did not resolve."""
+        problems: list[str] = []
+        if not keys:
+            return frozenset(), problems
+        out: set[str] = set()
+        for v in spec.variants:
+            if not v.image:
+                continue
+            mine = await self._digests(v.image, problems, f"{v.name}: image")
+            hit = {d for d in mine or () if d in keys}
+            if not hit:
+                continue
+            out |= hit
+            have = self.fallbacks.get(v.name)
+            if have is None or have[0] != v.image_fallback:
+                got = []
+                for ref in v.image_fallback:
+                    d = await self._digests(ref, problems, f"{v.name}: image fallback")
+                    if d is not None:
+                        got.append((ref, d))
+                self.fallbacks[v.name] = (v.image_fallback, tuple(got))
+            out |= {d for _, ds in self.fallbacks[v.name][1] for d in ds if d in keys}
+        return frozenset(out), problems
+
+    def variant(
+        self, v: VariantSpec
+    ) -> tuple[tuple[str, ...], tuple[tuple[tuple[str, ...], str], ...]]:
+        """``DesiredVariant.image`` and ``.image_fallbacks`` of ``v``."""
+        fbs = self.fallbacks.get(v.name)
+        resolved = fbs[1] if fbs is not None and fbs[0] == v.image_fallback else ()
+        return self.digests.get(v.image or "", ()), tuple(
+            (d, template_fingerprint(dataclasses.replace(v, image=ref))) for ref, d in resolved
+        )
+
+
+def running_variant(v: VariantSpec, template: str) -> VariantSpec:
+    """``v`` with the ``image.fallback`` whose template is ``template`` (the planner moved
+    the variant to it: its own image is revoked), else ``v``."""
+    for ref in v.image_fallback:
+        cand = dataclasses.replace(v, image=ref)
+        if template_fingerprint(cand) == template:
+            return cand
+    return v
 
 
 class AgentRevocations:
