@@ -88,6 +88,7 @@ from typing import Any
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
+from preheat.router.policies.stable_load import SessionLoad
 from preheat.router.prefix import MASK64, SCORE_MULTIPLIER, PrefixKey
 
 __all__ = [
@@ -105,8 +106,9 @@ _MUL = SCORE_MULTIPLIER
 HOT_SPREAD = 1.5
 HYSTERESIS = 0.5
 LOAD_FLOOR = 10.0
-BALANCE_GAIN = 10.0
-FILL_GAIN = 1.0
+BALANCE_GAIN = 20.0
+BALANCE_FLOOR = 30.0
+FILL_GAIN = 0.0
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
 
@@ -146,6 +148,9 @@ class StablePlacement:
         self._g = 1.0
         # instance -> decayed uncached prefill characters sent there (units of _g).
         self._fill: dict[str, float] = {}
+        # Request load per instance, a chat's later turns counted through its first
+        # (router/policies/stable_load.py).
+        self.load = SessionLoad(self.max_entries)
 
     # --- decision -----------------------------------------------------------------------
 
@@ -206,7 +211,12 @@ class StablePlacement:
                 # replicas with slightly different weights choose the same set).
                 sc = self._scores(h, seeds, None)
                 kept.sort(key=sc.__getitem__, reverse=True)
-                rest = sorted((j for j in members if j not in kept), key=sc.__getitem__)
+                # Fill with the members of the fewest other hot sets (integers that
+                # replicas holding the same sets agree on), ties by plain score.
+                busy = self._memberships(pos, n, h)
+                rest = sorted(
+                    (j for j in members if j not in kept), key=lambda j: (-busy[j], sc[j])
+                )
                 while len(kept) < k and rest:
                     kept.append(rest.pop())
                 del kept[k:]
@@ -252,6 +262,17 @@ class StablePlacement:
         j = min(under, key=cost)
         return j, "spill", order.index(j), depths.get(ids[j], 0)
 
+    def _memberships(self, pos: Mapping[str, int], n: int, skip: int) -> list[int]:
+        """How many hot sets smaller than the fleet each instance is a member of."""
+        busy = [0] * n
+        for b, e in self._hot.items():
+            if b != skip and e[0] < n:
+                for x in e[1]:
+                    j = pos.get(x)
+                    if j is not None:
+                        busy[j] += 1
+        return busy
+
     @staticmethod
     def _scores(h: int, seeds: Sequence[int], weights: Sequence[float] | None) -> list[float]:
         if weights is None:
@@ -281,7 +302,8 @@ class StablePlacement:
             else:
                 c = counts[h] = c + g
                 counts.move_to_end(h)
-            t = c * scale
+            # In every request so far (a shared system prompt): as hot as the fleet.
+            t = HOT_SPREAD * n if c >= self._total and c >= 2 * g else c * scale
             e = hot.get(h)
             k = e[0] if e is not None else 1
             if t > k or k > 1:
@@ -300,6 +322,7 @@ class StablePlacement:
                 counts[h] /= g
             for x in self._fill:
                 self._fill[x] /= g
+            self.load.rescale(g)
             self._total /= g
             self._g = 1.0
 
@@ -314,8 +337,9 @@ class StablePlacement:
         n = len(ids)
         if n == 0:
             return None
+        recent, m = self.load.loads(ids)
         mean = sum(recent) / n
-        norm = BALANCE_GAIN / max(mean, LOAD_FLOOR * g)
+        norm = BALANCE_GAIN / max(mean, BALANCE_FLOOR * self._g * m)
         fill = [self._fill.get(x, 0.0) for x in ids]
         fmean = sum(fill) / n
         fnorm = FILL_GAIN / fmean if fmean > 0 else 0.0
@@ -329,6 +353,7 @@ class StablePlacement:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
         self._fill.pop(instance_id, None)
+        self.load.forget(instance_id)
         self.predicted.forget(instance_id)
 
     def spread(self, h: int) -> int:
@@ -349,6 +374,7 @@ class StablePlacement:
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
         self._fill[instance_id] = self._fill.get(instance_id, 0.0) + uncached * self._g
+        self.load.add(pk, instance_id, self._g)
         self.predicted.on_sent(pk, instance_id, uncached, body)
 
 
