@@ -90,13 +90,20 @@ class Lookup:
     group: Mapping[str, int] = field(default_factory=dict)
 
     def held_chars(self, prompt_chars: int) -> dict[str, int]:
-        """The held tokens of each synced instance as prompt characters (pro rata)."""
+        """The held tokens of each synced instance that holds any, as prompt characters
+        (pro rata); an instance holding nothing is left out (it holds 0)."""
         out = {}
+        groups = self.groups
+        if len(groups) <= 1:
+            _, ntok, bs = groups[0] if groups else (0, self.num_tokens, self.block_size)
+            d = max(ntok, 1)
+            # Once per distinct count: most instances hold the same leading blocks.
+            of = {n: int(n * bs * prompt_chars / d) for n in set(self.held.values()) if n}
+            return {x: of[n] for x, n in self.held.items() if n}
         for x, n in self.held.items():
-            _, ntok, bs = (
-                self.groups[self.group[x]] if self.groups else (0, self.num_tokens, self.block_size)
-            )
-            out[x] = int(n * bs * prompt_chars / max(ntok, 1))
+            if n:
+                _, ntok, bs = groups[self.group[x]]
+                out[x] = int(n * bs * prompt_chars / max(ntok, 1))
         return out
 
     def hashes_of(self, instance_id: str) -> tuple[int, ...]:
@@ -113,11 +120,16 @@ class PreciseIndex:
         # block hash -> bitmask of the instances that announced it or have it pending
         self._mask: dict[int, int] = {}
         self._by_bit: dict[int, str] = {}
+        # Bumped whenever an instance's state or prompt changes: ``lookup`` keeps which of
+        # the ids it was last given are synced (and their masks) until then.
+        self._version = 0
+        self._plan: Any = None
 
     def add(self, instance_id: str, prompt: PromptBlocks | None = None) -> None:
         """Track ``instance_id``; ``prompt``: how its engine hashes prompts (default: the
         simulated engine's). A changed ``prompt`` drops what was learned."""
         prompt = prompt or self.default_prompt
+        self._version += 1
         ib = self.instances.get(instance_id)
         if ib is not None:
             if ib.prompt.key == prompt.key:
@@ -135,6 +147,7 @@ class PreciseIndex:
 
     def remove(self, instance_id: str) -> None:
         ib = self.instances.pop(instance_id, None)
+        self._version += 1
         if ib is not None:
             self._drop(ib)
             del self._by_bit[ib.bit]
@@ -200,23 +213,16 @@ class PreciseIndex:
         instance of ``ids`` is synced or the body has no prompt to tokenize."""
         if body is None:
             return None
-        inst = self.instances
-        masks: dict[int, tuple[PromptBlocks, int]] = {}
-        synced = []
-        for x in ids:
-            ib = inst.get(x)
-            if ib is not None and ib.state == "synced":
-                synced.append(x)
-                k = id(ib.prompt)
-                pb_mask = masks.get(k)
-                masks[k] = (ib.prompt, (pb_mask[1] if pb_mask else 0) | ib.bit)
+        synced, masks, zeros, synced_set = self._synced_of(ids)
         if not synced:
             return None
+        if len(masks) == 1:
+            return self._lookup_one(body, masks[0], zeros, synced_set)
         held_n: dict[str, int] = {}
         group: dict[str, int] = {}
         groups: list[tuple[tuple[int, ...], int, int]] = []
         held, by_bit = self._mask, self._by_bit
-        for pb, mask in masks.values():
+        for pb, mask in masks:
             got = pb.blocks(body)
             if got is None:
                 continue
@@ -247,6 +253,69 @@ class PreciseIndex:
             return None
         h0, n0, b0 = groups[0]
         return Lookup(h0, n0, b0, held_n, frozenset(group), tuple(groups), group)
+
+    def _lookup_one(
+        self,
+        body: Mapping[str, Any],
+        pb_mask: tuple[PromptBlocks, int],
+        zeros: dict[str, int],
+        synced: frozenset[str],
+    ) -> Lookup | None:
+        """``lookup`` when every synced instance reads prompts one way (one group): an
+        instance starts at 0 held, and only those holding blocks are written."""
+        pb, mask = pb_mask
+        got = pb.blocks(body)
+        if got is None:
+            return None
+        hashes, ntok = got
+        held, by_bit = self._mask, self._by_bit
+        held_n = zeros.copy()
+        cur = mask
+        for j, h in enumerate(hashes):
+            m = held.get(h, 0) & cur
+            if m != cur:
+                if j:
+                    gone = cur & ~m
+                    while gone:
+                        low = gone & -gone
+                        held_n[by_bit[low]] = j
+                        gone ^= low
+                cur = m
+                if not cur:
+                    break
+        n = len(hashes)
+        while cur:
+            low = cur & -cur
+            held_n[by_bit[low]] = n
+            cur ^= low
+        t = tuple(hashes)
+        return Lookup(t, ntok, pb.block_size, held_n, synced, ((t, ntok, pb.block_size),), zeros)
+
+    def _synced_of(
+        self, ids: Collection[str]
+    ) -> tuple[list[str], list[tuple[PromptBlocks, int]], dict[str, int], frozenset[str]]:
+        """The synced instances of ``ids``; per prompt codec the bitmask of its synced
+        instances (in order of first appearance); each synced instance mapped to 0, and
+        their set. Kept until ``ids`` or a state changes (read-only to callers)."""
+        key = ids if isinstance(ids, tuple) else tuple(ids)
+        plan = self._plan
+        if plan is not None and plan[1] == self._version and plan[0] == key:
+            return plan[2], plan[3], plan[4], plan[5]
+        inst = self.instances
+        masks: dict[int, tuple[PromptBlocks, int]] = {}
+        synced = []
+        for x in key:
+            ib = inst.get(x)
+            if ib is not None and ib.state == "synced":
+                synced.append(x)
+                k = id(ib.prompt)
+                pb_mask = masks.get(k)
+                masks[k] = (ib.prompt, (pb_mask[1] if pb_mask else 0) | ib.bit)
+        out = list(masks.values())
+        zeros = dict.fromkeys(synced, 0)
+        fs = frozenset(synced)
+        self._plan = (key, self._version, synced, out, zeros, fs)
+        return synced, out, zeros, fs
 
     def sent(self, instance_id: str, lookup: Lookup) -> None:
         """The prompt of ``lookup`` went to ``instance_id``: it owes events if it lacks some
@@ -316,6 +385,7 @@ class PreciseIndex:
 
     def _sync(self, ib: InstanceBlocks, reason: str) -> None:
         ib.state = "synced"
+        self._version += 1
         ib.reason = reason
         for h in ib.pending:
             self._clear(h, ib.bit)
@@ -323,6 +393,7 @@ class PreciseIndex:
 
     def _fall_back(self, ib: InstanceBlocks, reason: str) -> None:
         ib.state = "fallback"
+        self._version += 1
         ib.reason = reason
         self._drop(ib)
         ib.owes_events = False

@@ -25,8 +25,10 @@ models' ``tokenizer.json`` codecs are in router/tokenize.py.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any, Protocol
 
 from preheat.engine.core.chat import render_chat
@@ -38,7 +40,6 @@ __all__ = ["CHUNK_CHARS", "MAX_CHUNKS", "EngineCodec", "PromptBlocks", "PromptCo
 
 CHUNK_CHARS = 256
 MAX_CHUNKS = 32768
-_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _SAMPLE = (
     "The quick brown fox jumps over the lazy dog near the riverbank, while 42 curious "
     "otters watch; meanwhile the caching layer keeps every prefix warm and ready. "
@@ -105,20 +106,25 @@ def _completion_prompt(
 
 
 def _chunks(text: str, size: int) -> list[str]:
-    """``text`` cut at a space between two ASCII letters every ``size`` characters or so."""
-    out = []
-    pos = 0
+    """``text`` cut at a space between two ASCII letters every ``size`` characters or so:
+    each chunk ends before the first such space at least ``size`` characters after its
+    start (the space opens the next chunk); the last takes the rest."""
     n = len(text)
-    find = text.find
-    while pos < n:
-        end = find(" ", pos + size) if pos + size < n else -1
-        while end != -1 and not (text[end - 1] in _LETTERS and text[end + 1 : end + 2] in _LETTERS):
-            end = find(" ", end + 1)
-        if end == -1:
-            end = n
-        out.append(text[pos:end])
-        pos = end
+    if n <= size:
+        return [text] if n else []
+    out = _cutter(size).findall(text)
+    rest = n - sum(map(len, out))
+    if rest:
+        out.append(text[n - rest :])
     return out
+
+
+@lru_cache(maxsize=16)
+def _cutter(size: int) -> re.Pattern[str]:
+    # At least ``size`` characters, then lazily up to a letter followed by " " + letter.
+    # Consecutive matches tile the text: once a match fails, no later one can succeed
+    # (a qualifying space after a later start would qualify for this one too).
+    return re.compile(r"(?s).{%d}.*?(?<=[A-Za-z])(?= [A-Za-z])" % size)
 
 
 class PromptBlocks:

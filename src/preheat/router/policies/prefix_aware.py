@@ -85,7 +85,7 @@ the index holds 64-bit keyed hashes and instance ids only.
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from math import ceil
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,7 +93,7 @@ from preheat.errors import NoHealthyInstance
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
 from preheat.router.policies.predicted import PredictedPlacement, block_tokens
-from preheat.router.policies.stable import StablePlacement, capacity_weights
+from preheat.router.policies.stable import Loads, StablePlacement, capacity_weights
 from preheat.router.prefix import (
     CHARS_PER_TOKEN,
     MASK64,
@@ -139,6 +139,25 @@ def _home_block(pk: PrefixKey, fstart: int, fend: int) -> int:
 def _scores(key: int, seeds: list[int]) -> list[int]:
     # prefix.score inlined: this is the decision's hot path at 64 instances.
     return [((key ^ s) * _MUL) & MASK64 for s in seeds]
+
+
+class _InFlight:
+    """The instances' in-flight counts by position, read when asked (``stable`` reads
+    only its pick's unless it spills)."""
+
+    __slots__ = ("_inst",)
+
+    def __init__(self, instances: Sequence[Any]) -> None:
+        self._inst = instances
+
+    def __getitem__(self, j: int, /) -> int:
+        return int(self._inst[j].in_flight)
+
+    def __len__(self) -> int:
+        return len(self._inst)
+
+    def __iter__(self) -> Iterator[int]:
+        return (i.in_flight for i in self._inst)
 
 
 class PreciseSource(Protocol):
@@ -264,6 +283,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._body = request.body
         self._sync(instances)
         seeds = self._seed_list
+        if p.placement == "stable":
+            return self._choose_stable(pk, instances, _InFlight(instances), seeds)
         loads = [i.in_flight for i in instances]
         if p.placement == "hash":
             return self._choose_hashed(pk, instances, loads, seeds)
@@ -271,10 +292,10 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             return self._choose_hybrid(pk, fstart, fend, instances, loads, seeds)
         if p.placement == "learned":
             return self._choose_learned(pk, instances, loads, seeds)
-        return self._choose_stable(pk, instances, loads, seeds)
+        return self._choose_stable(pk, instances, _InFlight(instances), seeds)
 
     def _choose_stable(
-        self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
+        self, pk: PrefixKey, instances: Sequence[InstT], loads: Loads, seeds: list[int]
     ) -> Choice[InstT]:
         """``placement: stable`` (the default): replica sets sized by traffic share,
         members by the request's own blocks, spill only at a burst limit
@@ -290,7 +311,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._ids,
             loads,
             seeds,
-            lambda: self._stable.weights(self._ids, self._weights, self._rl, self._g),
+            lambda only: self._stable.weights(self._ids, self._weights, self._rl, self._g, only),
             threshold=self.params.concurrency_threshold,
             precise=(lk.held_chars(pk.prompt_chars), lk.synced) if lk is not None else None,
             pos=self._pos,

@@ -82,9 +82,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from math import exp, log
-from typing import Any
+from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
@@ -93,10 +93,10 @@ from preheat.router.prefix import MASK64, SCORE_MULTIPLIER, PrefixKey
 
 __all__ = [
     "BALANCE_GAIN",
-    "FILL_GAIN",
     "HOT_SPREAD",
     "HYSTERESIS",
     "SPILL_CANDIDATES",
+    "Loads",
     "StablePlacement",
     "capacity_weights",
     "spread_for",
@@ -108,7 +108,6 @@ HYSTERESIS = 0.5
 LOAD_FLOOR = 10.0
 BALANCE_GAIN = 20.0
 BALANCE_FLOOR = 30.0
-FILL_GAIN = 0.0
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
 
@@ -130,6 +129,17 @@ def spread_for(k: int, t: float, n: int) -> int:
     return down if down < k else k
 
 
+class Loads(Protocol):
+    """In-flight counts by instance position (a list, or a view that reads them lazily:
+    a decision that does not spill reads only its pick's)."""
+
+    def __getitem__(self, j: int, /) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+
 class StablePlacement:
     """Traffic counts per block, their spreads, and the decision of the module header."""
 
@@ -146,8 +156,6 @@ class StablePlacement:
         self._hot: dict[int, list[Any]] = {}
         self._total = 0.0
         self._g = 1.0
-        # instance -> decayed uncached prefill characters sent there (units of _g).
-        self._fill: dict[str, float] = {}
         # Request load per instance, a chat's later turns counted through its first
         # (router/policies/stable_load.py).
         self.load = SessionLoad(self.max_entries)
@@ -158,32 +166,39 @@ class StablePlacement:
         self,
         pk: PrefixKey,
         ids: Sequence[str],
-        loads: Sequence[int],
+        loads: Loads,
         seeds: Sequence[int],
-        weights: Callable[[], Sequence[float] | None],
+        weights: Callable[[Sequence[int] | None], Sequence[float] | None],
         *,
         threshold: int,
         precise: tuple[Mapping[str, int], Collection[str]] | None = None,
         pos: Mapping[str, int] | None = None,
     ) -> tuple[int, str, int, int]:
         """(position of the pick, outcome, rank in the deciding block's order, blocks of
-        the prompt the learned index believes it holds). ``weights`` gives step 4's
-        weights; it is called only when a weight decides (a prefix placed afresh).
+        the prompt the learned index believes it holds). ``weights(only)`` gives step 4's
+        weights of the positions ``only`` (None: every instance), in that order; it is
+        called only when a weight decides (a prefix placed afresh).
         ``precise``: prompt characters held by each instance whose KV events are synced
         (router/kvprecise.py), and those instances; for them it replaces the learned
         index when a cold block looks for where it is held."""
         n = len(ids)
         hot = self._hot
+        chain = pk.chain
         members = list(range(n))
-        decider = pk.chain[0]
-        for h in pk.chain:
+        # The members as a set once a hot block has narrowed them (None: every instance).
+        mset: set[int] | None = None
+        decider = chain[0]
+        if pos is None:
+            pos = {x: j for j, x in enumerate(ids)}
+        for b, h in enumerate(chain):
             e = hot.get(h)
-            k = min(e[0], n) if e is not None else 1
-            if k >= len(members):
+            if e is not None:
+                k = e[0] if e[0] < n else n
+                if k >= len(members):
+                    continue
+            elif len(members) <= 1:
                 continue
             decider = h
-            if pos is None:
-                pos = {x: j for j, x in enumerate(ids)}
             if e is None:
                 # A cold block stays where it was sent (the learned index's holders in
                 # the set; the plain score breaks ties, so weights never move it).
@@ -192,19 +207,19 @@ class StablePlacement:
                     # Synced instances: what their KV events announced replaces the guess.
                     chars, synced = precise
                     # Held: past the middle of the block (the characters are pro rata).
-                    b = pk.chain.index(h)
                     mid = (pk.cuts[b] + (pk.cuts[b - 1] if b else 0)) / 2
                     held = [j for j in held if ids[j] not in synced]
                     held += [pos[x] for x, c in chars.items() if c >= mid and x in pos]
-                held = [j for j in held if j in members]
+                if mset is not None:
+                    held = [j for j in held if j in mset]
                 if held:
                     members = [max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)]
                     break
-                sc = self._scores(h, seeds, weights())
-                members = [max(members, key=sc.__getitem__)]
+                members = [self._best(h, seeds, members, weights(members if mset else None))]
                 break
             kept = [pos[x] for x in e[1] or self.index.holders(h) if x in pos]
-            kept = [j for j in kept if j in members]
+            if mset is not None:
+                kept = [j for j in kept if j in mset]
             if len(kept) != k:
                 # New, grown, shrunk or lost a member: keep the members it had (at first,
                 # the instances it was sent to), fill up by plain score (not by weight, so
@@ -213,37 +228,45 @@ class StablePlacement:
                 kept.sort(key=sc.__getitem__, reverse=True)
                 # Fill with the members of the fewest other hot sets (integers that
                 # replicas holding the same sets agree on), ties by plain score.
+                ks = set(kept)
                 busy = self._memberships(pos, n, h)
-                rest = sorted(
-                    (j for j in members if j not in kept), key=lambda j: (-busy[j], sc[j])
-                )
+                rest = sorted((j for j in members if j not in ks), key=lambda j: (-busy[j], sc[j]))
                 while len(kept) < k and rest:
                     kept.append(rest.pop())
                 del kept[k:]
                 e[1] = tuple(ids[j] for j in kept)
             members = kept
+            mset = set(kept)
         if len(members) > 1:
             # The whole prompt is as hot as its set (identical prompts): its key decides.
             decider = pk.key
-            sc = self._scores(decider, seeds, weights())
-            members.sort(key=sc.__getitem__, reverse=True)
+            w = weights(members if mset else None)
+            if w is None:
+                sc = [float(((decider ^ seeds[j]) * _MUL) & MASK64) for j in members]
+            else:
+                sc = [
+                    wj / -log((((decider ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
+                    for j, wj in zip(members, w, strict=True)
+                ]
+            at = dict(zip(members, sc, strict=True))
+            members.sort(key=at.__getitem__, reverse=True)
         pick = members[0]
-        depths = self.index.depths(pk.chain) if not pk.hinted else {}
+        if loads[pick] < threshold:
+            depth = self._depth(ids[pick], pk, precise)
+            # affinity: the pick holds a leading part of the prompt (hinted: its key);
+            # fallback: a cold prefix placed afresh by its rendezvous score.
+            known = depth or (pk.hinted and ids[pick] in self.index.holders(pk.key))
+            return pick, "affinity" if known else "fallback", 0, depth
+        depths = self.index.depths(chain) if not pk.hinted else {}
         if precise is not None:
             chars, synced = precise
             for x in synced:
                 depths.pop(x, None)
             for x, c in chars.items():
-                d = min(bisect_right(pk.cuts, c), len(pk.chain))
+                d = min(bisect_right(pk.cuts, c), len(chain))
                 if d:
                     depths[x] = d
-        if loads[pick] < threshold:
-            depth = depths.get(ids[pick], 0)
-            # affinity: the pick holds a leading part of the prompt (hinted: its key);
-            # fallback: a cold prefix placed afresh by its rendezvous score.
-            known = depth or (pk.hinted and ids[pick] in self.index.holders(pk.key))
-            return pick, "affinity" if known else "fallback", 0, depth
-        sc = self._scores(decider, seeds, weights())
+        sc = self._scores(decider, seeds, weights(None))
         order = sorted(range(n), key=sc.__getitem__, reverse=True)
         under = [j for j in order if loads[j] < threshold][:SPILL_CANDIDATES]
         if not under:
@@ -272,6 +295,41 @@ class StablePlacement:
                     if j is not None:
                         busy[j] += 1
         return busy
+
+    def _depth(
+        self, x: str, pk: PrefixKey, precise: tuple[Mapping[str, int], Collection[str]] | None
+    ) -> int:
+        """``depths(...)[x]`` of ``choose`` for one instance, without the full map."""
+        chain = pk.chain
+        if precise is not None:
+            chars, synced = precise
+            c = chars.get(x)
+            if c is not None:
+                d = min(bisect_right(pk.cuts, c), len(chain))
+                if d:
+                    return d
+            if x in synced:
+                return 0
+        if pk.hinted:
+            return 0
+        get = self.index.holders
+        for j in range(len(chain) - 1, -1, -1):
+            if x in get(chain[j]):
+                return j + 1
+        return 0
+
+    @staticmethod
+    def _best(h: int, seeds: Sequence[int], members: list[int], w: Sequence[float] | None) -> int:
+        """The member with the highest (weighted) rendezvous score of ``h``; ``w`` holds
+        the members' weights in order (None: all equal). The first of equal scores wins,
+        as ``max`` does."""
+        if w is None:
+            return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+        sc = [
+            wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
+            for j, wj in zip(members, w, strict=True)
+        ]
+        return members[sc.index(max(sc))]
 
     @staticmethod
     def _scores(h: int, seeds: Sequence[int], weights: Sequence[float] | None) -> list[float]:
@@ -305,23 +363,29 @@ class StablePlacement:
             # In every request so far (a shared system prompt): as hot as the fleet.
             t = HOT_SPREAD * n if c >= self._total and c >= 2 * g else c * scale
             e = hot.get(h)
-            k = e[0] if e is not None else 1
-            if t > k or k > 1:
-                k2 = spread_for(k, t, n)
-                if k2 == 1:
-                    hot.pop(h, None)
-                elif e is None:
-                    hot[h] = [k2, ()]
-                else:
-                    e[0] = k2
+            if e is None:
+                if t <= 1:
+                    continue
+                k = 1
+            else:
+                k = e[0]
+                # spread_for keeps k (<= n) while t <= k and (1 + HYSTERESIS) * t exceeds
+                # the largest power of two below k: then there is nothing to update.
+                if k <= n and t <= k and t * (1.0 + HYSTERESIS) > 1 << ((k - 1).bit_length() - 1):
+                    continue
+            k2 = spread_for(k, t, n)
+            if k2 == 1:
+                hot.pop(h, None)
+            elif e is None:
+                hot[h] = [k2, ()]
+            else:
+                e[0] = k2
         while len(counts) > self.max_entries:
             h, _ = counts.popitem(last=False)
             hot.pop(h, None)
         if g > 1e12:
             for h in counts:
                 counts[h] /= g
-            for x in self._fill:
-                self._fill[x] /= g
             self.load.rescale(g)
             self._total /= g
             self._g = 1.0
@@ -332,27 +396,25 @@ class StablePlacement:
         capacity: Sequence[float] | None,
         recent: Sequence[float],
         g: float,
+        only: Sequence[int] | None = None,
     ) -> list[float] | None:
-        """Capacity weights times the balance terms of the module header (2)."""
+        """Capacity weights times the balance term of the module header (4); of the
+        positions ``only``, in that order (None: every instance). ``recent`` and ``g``,
+        the policy's plain request counts, are not read: the load is ``self.load``'s."""
         n = len(ids)
         if n == 0:
             return None
-        recent, m = self.load.loads(ids)
-        mean = sum(recent) / n
+        load, mean, m = self.load.loads(ids, only)
         norm = BALANCE_GAIN / max(mean, BALANCE_FLOOR * self._g * m)
-        fill = [self._fill.get(x, 0.0) for x in ids]
-        fmean = sum(fill) / n
-        fnorm = FILL_GAIN / fmean if fmean > 0 else 0.0
-        base = capacity or [1.0] * n
-        return [
-            w * exp(-norm * (c - mean) - fnorm * (f - fmean))
-            for w, c, f in zip(base, recent, fill, strict=True)
-        ]
+        if only is None:
+            base: Sequence[float] = capacity or [1.0] * n
+        else:
+            base = [capacity[j] for j in only] if capacity else [1.0] * len(only)
+        return [w * exp(-norm * (c - mean)) for w, c in zip(base, load, strict=True)]
 
     def forget(self, instance_id: str) -> None:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
-        self._fill.pop(instance_id, None)
         self.load.forget(instance_id)
         self.predicted.forget(instance_id)
 
@@ -373,7 +435,6 @@ class StablePlacement:
         """Count the request, record it in the learned index and queue its ``uncached``
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
-        self._fill[instance_id] = self._fill.get(instance_id, 0.0) + uncached * self._g
         self.load.add(pk, instance_id, self._g)
         self.predicted.on_sent(pk, instance_id, uncached, body)
 

@@ -84,25 +84,28 @@ class SessionLoad:
                 if len(keys) > self.max_keys:
                     keys.popitem(last=False)
 
-    def loads(self, ids: Sequence[str]) -> tuple[list[float], float]:
-        """Each instance's load, and its ratio to the plain non-extension count over the
-        fleet (the multiplier ``1 + r`` averaged: 1 without extensions)."""
+    def loads(
+        self, ids: Sequence[str], only: Sequence[int] | None = None
+    ) -> tuple[list[float], float, float]:
+        """(the load of each position in ``only``, in that order (None: every instance),
+        the mean load over ``ids``, and that mean over the mean plain non-extension
+        count: the multiplier ``1 + r`` averaged, 1 without extensions)."""
         base = self._base
-        loads = [base.get(x, 0.0) for x in ids]
-        plain = sum(loads)
-        pos: dict[str, int] | None = None
+        pick = range(len(ids)) if only is None else only
+        loads = [base.get(ids[j], 0.0) for j in pick]
+        plain = sum(base.get(x, 0.0) for x in ids) if only is not None else sum(loads)
+        total = plain
         for nonext, ext, per in self._roots.values():
             if ext <= 0.0 or nonext <= 0.0:
                 continue
             r = ext / nonext
-            if pos is None:
-                pos = {x: j for j, x in enumerate(ids)}
-            for x, c in per.items():
-                j = pos.get(x)
-                if j is not None:
-                    loads[j] += r * c
-        total = sum(loads)
-        return loads, (total / plain if plain > 0 else 1.0)
+            total += r * sum(per.get(x, 0.0) for x in ids)
+            for i, j in enumerate(pick):
+                c = per.get(ids[j])
+                if c:
+                    loads[i] += r * c
+        n = len(ids)
+        return loads, total / n, (total / plain if plain > 0 else 1.0)
 
     def rescale(self, g: float) -> None:
         """Divide every count by ``g`` (the caller reset its unit to 1)."""
