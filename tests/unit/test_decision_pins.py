@@ -88,8 +88,8 @@ def _digest(placement: str, events: bool) -> tuple[str, dict[str, int]]:
 # stable (both) and the simulator run below: re-pinned when the stable placement changed
 # behaviour (kvquality: session load, hot-set fill by memberships), not by a speedup.
 PINS = {
-    ("stable", False): "b82b86917bd2706e",
-    ("stable", True): "920339c56c972ee0",
+    ("stable", False): "64769a7bc9e5fde4",
+    ("stable", True): "2bbfef5ea8dfa5eb",
     ("learned", False): "46a66840feae0501",
     ("learned", True): "46a3ebd3580ed8b5",
     ("hash", False): "1dcc8a70007d3e61",

@@ -49,13 +49,18 @@ class SessionLoad:
         self._keys: OrderedDict[int, None] = OrderedDict()
         # root -> [non-extension count, extension count, {instance: non-extension count}]
         self._roots: OrderedDict[int, list[Any]] = OrderedDict()
-        # instance -> non-extension requests (all roots).
+        # The roots that have had an extension (a subset of ``_roots``, same entries).
+        self._ext: dict[int, list[Any]] = {}
+        # instance -> non-extension requests (all roots), and the same as a list in the
+        # order of the ids ``loads`` was last given (that list object; None: rebuild).
         self._base: dict[str, float] = {}
+        self._ids: Sequence[str] | None = None
+        self._list: list[float] = []
+        self._at: dict[str, int] = {}
 
     def is_extension(self, pk: PrefixKey) -> bool:
         """Whether the prompt holds an earlier request's whole prompt (a later turn)."""
-        keys = self._keys
-        return not pk.hinted and any(h in keys for h in pk.chain[:-1])
+        return not pk.hinted and not self._keys.keys().isdisjoint(pk.chain[:-1])
 
     def add(self, pk: PrefixKey, instance_id: str, g: float) -> None:
         """Count a request sent to ``instance_id`` (weight ``g``, the current unit)."""
@@ -66,16 +71,20 @@ class SessionLoad:
         if e is None:
             e = roots[root] = [0.0, 0.0, {}]
             if len(roots) > MAX_ROOTS:
-                roots.popitem(last=False)
+                self._ext.pop(roots.popitem(last=False)[0], None)
         else:
             roots.move_to_end(root)
         if self.is_extension(pk):
             e[1] += g
+            self._ext[root] = e
         else:
             e[0] += g
             per = e[2]
             per[instance_id] = per.get(instance_id, 0.0) + g
-            self._base[instance_id] = self._base.get(instance_id, 0.0) + g
+            v = self._base[instance_id] = self._base.get(instance_id, 0.0) + g
+            j = self._at.get(instance_id)
+            if j is not None and self._ids is not None:
+                self._list[j] = v
         if not pk.hinted:
             if pk.key in keys:
                 keys.move_to_end(pk.key)
@@ -90,27 +99,32 @@ class SessionLoad:
         """(the load of each position in ``only``, in that order (None: every instance),
         the mean load over ``ids``, and that mean over the mean plain non-extension
         count: the multiplier ``1 + r`` averaged, 1 without extensions)."""
-        base = self._base
-        pick = range(len(ids)) if only is None else only
-        loads = [base.get(ids[j], 0.0) for j in pick]
-        plain = sum(base.get(x, 0.0) for x in ids) if only is not None else sum(loads)
-        total = plain
-        for nonext, ext, per in self._roots.values():
-            if ext <= 0.0 or nonext <= 0.0:
+        if ids is not self._ids or len(self._list) != len(ids):
+            bget = self._base.get
+            self._list = [bget(x, 0.0) for x in ids]
+            self._at = {x: j for j, x in enumerate(ids)}
+            self._ids = ids
+        base = self._list
+        loads = base[:] if only is None else [base[j] for j in only]
+        plain = total = sum(base)
+        for nonext, ext, per in self._ext.values():
+            if nonext <= 0.0:
                 continue
             r = ext / nonext
-            total += r * sum(per.get(x, 0.0) for x in ids)
-            for i, j in enumerate(pick):
-                c = per.get(ids[j])
+            # (instances not in ``ids`` shift the mean, which moves every weight alike)
+            total += r * sum(per.values())
+            pget = per.get
+            for i, j in enumerate(range(len(ids)) if only is None else only):
+                c = pget(ids[j])
                 if c:
                     loads[i] += r * c
-        n = len(ids)
-        return loads, total / n, (total / plain if plain > 0 else 1.0)
+        return loads, total / len(ids), (total / plain if plain > 0 else 1.0)
 
     def rescale(self, g: float) -> None:
         """Divide every count by ``g`` (the caller reset its unit to 1)."""
         for x in self._base:
             self._base[x] /= g
+        self._ids = None
         for e in self._roots.values():
             e[0] /= g
             e[1] /= g
@@ -121,5 +135,6 @@ class SessionLoad:
     def forget(self, instance_id: str) -> None:
         """An instance left: drop its counts."""
         self._base.pop(instance_id, None)
+        self._ids = None
         for e in self._roots.values():
-            e[2].pop(instance_id, None)
+            e[0] -= e[2].pop(instance_id, 0.0)
