@@ -85,9 +85,11 @@ def _digest(placement: str, events: bool) -> tuple[str, dict[str, int]]:
     return h.hexdigest()[:16], outcomes
 
 
+# stable (both) and the simulator run below: re-pinned when the stable placement changed
+# behaviour (kvquality: session load, hot-set fill by memberships), not by a speedup.
 PINS = {
-    ("stable", False): "3e3b758785b7b61f",
-    ("stable", True): "b49689d3a46c8371",
+    ("stable", False): "64769a7bc9e5fde4",
+    ("stable", True): "2bbfef5ea8dfa5eb",
     ("learned", False): "46a66840feae0501",
     ("learned", True): "46a3ebd3580ed8b5",
     ("hash", False): "1dcc8a70007d3e61",
@@ -116,9 +118,9 @@ def test_a_seeded_simulator_run_with_the_default_placement_gives_the_figures_it_
     s = simulate_routing(
         items, cfg, policy_rng=random.Random(0), arrival_rng=random.Random(1)
     ).summary()
-    assert (s["preemptions"], s["steps"], s["events"]) == (61, 5472, 5472)
+    assert (s["preemptions"], s["steps"], s["events"]) == (54, 5008, 5008)
     assert s["decisions"] == {"affinity": 396, "fallback": 4}
-    assert s["kv_hit_rate"] == pytest.approx(0.4539720440786485, rel=1e-12)
-    assert s["ttft_p50_ms"] == pytest.approx(9.803049550000498, rel=1e-9)
-    assert s["ttft_p99_ms"] == pytest.approx(291.2995811486, rel=1e-9)
-    assert s["virtual_s"] == pytest.approx(3.047841771879998, rel=1e-9)
+    assert s["kv_hit_rate"] == pytest.approx(0.451909025949363, rel=1e-12)
+    assert s["ttft_p50_ms"] == pytest.approx(12.802323139999627, rel=1e-9)
+    assert s["ttft_p99_ms"] == pytest.approx(219.94415992659827, rel=1e-9)
+    assert s["virtual_s"] == pytest.approx(2.8130415100999975, rel=1e-9)

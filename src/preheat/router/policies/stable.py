@@ -8,14 +8,19 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
    ``max(total, LOAD_FLOOR * n)``: the part of recent requests whose prompt starts with
    that block. Counts depend on the request stream only (not on a decision or a load),
    so replicas that see the same requests in a slightly different order hold nearly the
-   same counts.
+   same counts. A block counted in every request so far (at least two: a shared
+   system prompt) is as hot as the fleet at once, so it never holds a stream's first
+   conversations or documents on the instance its first request went to.
 2. **Descend the chain.** Start with every instance as the set. For each block of the
    prompt from the root:
 
    * a **hot** block (spread ``k`` > 1, step 3) narrows the set to its ``k`` members
      (nothing if ``k`` >= the set): the members it had before (at first, the instances
-     it was sent to while cold), filled up by the block's plain rendezvous score; a
-     shared system prompt is as hot as the fleet and narrows nothing, a popular RAG
+     it was sent to while cold), filled up by the instances that are members of the
+     fewest other hot sets smaller than the fleet, ties by the block's plain rendezvous
+     score (integers replicas holding the same sets agree on; plain score alone let
+     several hot repositories or documents share members, 1.2-1.3x the mean share on
+     7-engine code completion); a shared system prompt is as hot as the fleet and narrows nothing, a popular RAG
      document, template or repository context narrows to its own ``k`` instances;
    * the first **cold** block decides: the instance of the set the learned index says
      it was sent to (router/kvindex.py, capacity-modelled, so a prefix the engine has
@@ -32,18 +37,21 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
    exceeds ``k``, down only when ``(1 + HYSTERESIS) * t`` fits a smaller power. Few
    transitions, each at a count replicas reach within a few requests of each other.
 4. **Weights: capacity and balance, only where nothing is placed yet.** Instance j's
-   weight is ``cap_j * exp(-BALANCE_GAIN * (recent_j - mean) / max(mean, LOAD_FLOOR) -
-   FILL_GAIN * (fill_j - fill_mean) / fill_mean)``: ``cap_j`` its KV capacity over the
-   largest (router/kvcapacity.py; unknown: the mean of the known; all equal: 1),
-   ``recent_j`` the decayed requests sent to it, ``fill_j`` the decayed uncached prefill
-   characters sent to it (what it had to write into its KV cache, so what it evicted).
+   weight is ``cap_j * exp(-BALANCE_GAIN * (load_j - mean) / max(mean, BALANCE_FLOOR *
+   m))``: ``cap_j`` its KV capacity over the largest (router/kvcapacity.py; unknown: the
+   mean of the known; all equal: 1), ``load_j`` the decayed requests sent to it, a
+   chat's later turns counted through its first (router/policies/stable_load.py: a
+   later turn, whose prompt holds an earlier request's whole prompt, is not counted when
+   it arrives; the requests of its root weigh ``1 + r``, ``r`` that root's later turns
+   per other request), ``m`` the mean of ``1 + r``. Replicas fed the same stream see
+   later turns at different moments (each waits for its previous answer), everything
+   else in the same order: counting later turns when they arrive made the weights
+   differ by the turns in flight, one divergent first turn shifted every later count,
+   and chat agreement was 60-79 %; counted this way it is 100 %, live and in process.
    Weighted rendezvous (``w / -ln(u)``) places a cold prefix on the instance with the
-   least recent traffic and KV churn, one copy each: the working set is partitioned
-   over the fleet's aggregate KV memory. Weights never move a placed prefix (cold
-   blocks follow the index, hot sets keep their members), and they are functions of
-   decisions that replicas agree on, so replicas' weights differ only by the few
-   requests they see in a different order; a decision differs only where two weighted
-   scores are that close.
+   least recent traffic, one copy each: the working set is partitioned over the fleet's
+   aggregate KV memory. Weights never move a placed prefix (cold blocks follow the
+   index, hot sets keep their members).
 5. **Spill only at the limit.** If the pick has ``in_flight >= concurrency_threshold``,
    the request goes to the least predicted TTFT among the next ``SPILL_CANDIDATES``
    under the limit in the deciding block's rendezvous order: uncached prefill there
@@ -62,20 +70,25 @@ Thresholds (module constants; ``PolicyParams`` in parentheses):
 * ``HOT_SPREAD`` = 1.5: a hot block's members get at most about 2/3 of a fair share each
   from it (2 cost hit rate under KV pressure, 1 balance; docs/benchmarks.md, Router 7).
 * ``HYSTERESIS`` = 0.5.
-* ``LOAD_FLOOR`` = 10 requests per instance: early shares and balance terms are taken
-  over at least this many requests, so the first requests look neither hot nor skewed.
-* ``BALANCE_GAIN`` = 10: an instance 10 % above the mean request count weighs e^-1 as
-  much for new prefixes. ``FILL_GAIN`` = 1: 10 % above the mean KV writes, e^-0.1
-  (larger gains moved nothing measurable and cost agreement in process).
+* ``LOAD_FLOOR`` = 10 requests per instance: early shares are taken over at least this
+  many requests, so the first requests do not look hot.
+* ``BALANCE_GAIN`` = 20 over ``BALANCE_FLOOR`` = 30 requests per instance: an instance
+  10 % above the mean load weighs e^-2 as much for new prefixes, and while the mean is
+  below 30 requests a one-request difference changes a weight by at most e^(20/30)
+  (gain 10 over a floor of 10 let the first requests' order decide; gain 10 over 100
+  left RAG documents 1.35x the mean; 20 over 30 was the best pair tried in process
+  for agreement and share together). The KV-write term of the previous version (gain
+  1) is gone: with this load it moved hit rate and share by less than run-to-run noise.
 * ``SPILL_CANDIDATES`` = 2.
 * ``concurrency_threshold`` (64): the hard in-flight cap, the only load limit.
-* ``balance_window`` (1,000 requests): the decay of counts, request and fill totals.
+* ``balance_window`` (1,000 requests): the decay of block counts and loads.
 * ``index_entries`` (200,000): the learned index's bound; a quarter of it (at least
-  1,000) bounds the block counts (LRU); hot blocks are kept only while counted.
+  1,000) bounds the block counts (LRU) and the keys kept to tell later turns; hot
+  blocks are kept only while counted. ``MAX_ROOTS`` (256, stable_load.py) roots.
 
 The policy ``balance_epsilon`` and ``load_weight`` do not apply to this placement.
-Measured (docs/benchmarks.md, Router 7): 4 router processes agree on >= 99 % of RAG,
-templated and multi-turn chat requests at concurrency 8.
+Measured (docs/benchmarks.md, Router 7, "Agreement on chat"): 4 router processes agree
+on 100 % of RAG, templated and multi-turn chat requests at concurrency 8.
 """
 
 from __future__ import annotations
@@ -88,11 +101,11 @@ from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
+from preheat.router.policies.stable_load import SessionLoad
 from preheat.router.prefix import MASK64, SCORE_MULTIPLIER, PrefixKey
 
 __all__ = [
     "BALANCE_GAIN",
-    "FILL_GAIN",
     "HOT_SPREAD",
     "HYSTERESIS",
     "SPILL_CANDIDATES",
@@ -106,8 +119,8 @@ _MUL = SCORE_MULTIPLIER
 HOT_SPREAD = 1.5
 HYSTERESIS = 0.5
 LOAD_FLOOR = 10.0
-BALANCE_GAIN = 10.0
-FILL_GAIN = 1.0
+BALANCE_GAIN = 20.0
+BALANCE_FLOOR = 30.0
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
 
@@ -156,13 +169,9 @@ class StablePlacement:
         self._hot: dict[int, list[Any]] = {}
         self._total = 0.0
         self._g = 1.0
-        # instance -> decayed uncached prefill characters sent there (units of _g).
-        self._fill: dict[str, float] = {}
-        # ``_fill`` as a list in the order of the ids ``weights`` was last given (that
-        # list object; None: to rebuild), and each id's position in it.
-        self._fill_ids: Sequence[str] | None = None
-        self._fill_list: list[float] = []
-        self._fill_at: dict[str, int] = {}
+        # Request load per instance, a chat's later turns counted through its first
+        # (router/policies/stable_load.py).
+        self.load = SessionLoad(self.max_entries)
 
     # --- decision -----------------------------------------------------------------------
 
@@ -230,8 +239,11 @@ class StablePlacement:
                 # replicas with slightly different weights choose the same set).
                 sc = self._scores(h, seeds, None)
                 kept.sort(key=sc.__getitem__, reverse=True)
+                # Fill with the members of the fewest other hot sets (integers that
+                # replicas holding the same sets agree on), ties by plain score.
                 ks = set(kept)
-                rest = sorted((j for j in members if j not in ks), key=sc.__getitem__)
+                busy = self._memberships(pos, n, h)
+                rest = sorted((j for j in members if j not in ks), key=lambda j: (-busy[j], sc[j]))
                 while len(kept) < k and rest:
                     kept.append(rest.pop())
                 del kept[k:]
@@ -285,6 +297,17 @@ class StablePlacement:
 
         j = min(under, key=cost)
         return j, "spill", order.index(j), depths.get(ids[j], 0)
+
+    def _memberships(self, pos: Mapping[str, int], n: int, skip: int) -> list[int]:
+        """How many hot sets smaller than the fleet each instance is a member of."""
+        busy = [0] * n
+        for b, e in self._hot.items():
+            if b != skip and e[0] < n:
+                for x in e[1]:
+                    j = pos.get(x)
+                    if j is not None:
+                        busy[j] += 1
+        return busy
 
     def _depth(
         self, x: str, pk: PrefixKey, precise: tuple[Mapping[str, int], Collection[str]] | None
@@ -350,7 +373,8 @@ class StablePlacement:
             else:
                 c = counts[h] = c + g
                 counts.move_to_end(h)
-            t = c * scale
+            # In every request so far (a shared system prompt): as hot as the fleet.
+            t = HOT_SPREAD * n if c >= self._total and c >= 2 * g else c * scale
             e = hot.get(h)
             if e is None:
                 if t <= 1:
@@ -375,9 +399,7 @@ class StablePlacement:
         if g > 1e12:
             for h in counts:
                 counts[h] /= g
-            for x in self._fill:
-                self._fill[x] /= g
-            self._fill_ids = None
+            self.load.rescale(g)
             self._total /= g
             self._g = 1.0
 
@@ -389,38 +411,24 @@ class StablePlacement:
         g: float,
         only: Sequence[int] | None = None,
     ) -> list[float] | None:
-        """Capacity weights times the balance terms of the module header (2); of the
-        positions ``only``, in that order (None: every instance)."""
+        """Capacity weights times the balance term of the module header (4); of the
+        positions ``only``, in that order (None: every instance). ``recent`` and ``g``,
+        the policy's plain request counts, are not read: the load is ``self.load``'s."""
         n = len(ids)
         if n == 0:
             return None
-        mean = sum(recent) / n
-        norm = BALANCE_GAIN / max(mean, LOAD_FLOOR * g)
-        if ids is not self._fill_ids or len(self._fill_list) != n:
-            fget = self._fill.get
-            self._fill_list = [fget(x, 0.0) for x in ids]
-            self._fill_at = {x: j for j, x in enumerate(ids)}
-            self._fill_ids = ids
-        fill = self._fill_list
-        fmean = sum(fill) / n
-        fnorm = FILL_GAIN / fmean if fmean > 0 else 0.0
-        if only is not None:
-            return [
-                (capacity[j] if capacity else 1.0)
-                * exp(-norm * (recent[j] - mean) - fnorm * (fill[j] - fmean))
-                for j in only
-            ]
-        base = capacity or [1.0] * n
-        return [
-            w * exp(-norm * (c - mean) - fnorm * (f - fmean))
-            for w, c, f in zip(base, recent, fill, strict=True)
-        ]
+        load, mean, m = self.load.loads(ids, only)
+        norm = BALANCE_GAIN / max(mean, BALANCE_FLOOR * self._g * m)
+        if only is None:
+            base: Sequence[float] = capacity or [1.0] * n
+        else:
+            base = [capacity[j] for j in only] if capacity else [1.0] * len(only)
+        return [w * exp(-norm * (c - mean)) for w, c in zip(base, load, strict=True)]
 
     def forget(self, instance_id: str) -> None:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
-        self._fill.pop(instance_id, None)
-        self._fill_ids = None
+        self.load.forget(instance_id)
         self.predicted.forget(instance_id)
 
     def spread(self, h: int) -> int:
@@ -440,10 +448,7 @@ class StablePlacement:
         """Count the request, record it in the learned index and queue its ``uncached``
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
-        v = self._fill[instance_id] = self._fill.get(instance_id, 0.0) + uncached * self._g
-        j = self._fill_at.get(instance_id)
-        if j is not None and self._fill_ids is not None:
-            self._fill_list[j] = v
+        self.load.add(pk, instance_id, self._g)
         self.predicted.on_sent(pk, instance_id, uncached, body)
 
 
