@@ -12,8 +12,8 @@ makes that safe whatever the order of the modules:
   :func:`release` deletes every one that is new when it closes (APIServices first, so
   namespace deletion's discovery stays healthy; then the new namespaces, with the
   finalizers of preheat's custom objects in them stripped, since the operator that would
-  finish them has stopped, waited for until gone while the module's stand-ins still run
-  to finish their pods; then its stand-ins, Nodes and their Leases; then the rest:
+  finish them has stopped, and their pods deleted at once (grace 0; the module's
+  stand-ins still run and end the processes), waited for until gone; then its stand-ins, Nodes and their Leases; then the rest:
   ClusterRoles and bindings, Roles and RoleBindings in namespaces that stay, NodeCaches,
   Revocations, CRDs).
 
@@ -149,6 +149,9 @@ def _delete_namespaces(cluster: KubeCluster, names: Sequence[str], timeout: floa
     admin = cluster.rest()
     for ns in names:
         _strip_custom_finalizers(cluster, ns)
+        # Pods first, at once: the stand-ins end their processes without a grace period,
+        # so the namespace controller does not wait out each pod's graceful termination.
+        _force_pods(cluster, ns)
         _delete(cluster, NAMESPACES.path(None, ns))
 
     def gone() -> bool:
@@ -157,10 +160,10 @@ def _delete_namespaces(cluster: KubeCluster, names: Sequence[str], timeout: floa
             _strip_custom_finalizers(cluster, ns)
         return not left
 
-    try:  # the module's stand-ins still run and finish their pods' deletions
+    try:  # the module's stand-ins still run and end their pods' processes
         until("the module's namespaces deleted", gone, timeout / 2)
     except AssertionError:
-        for ns in names:
+        for ns in names:  # pods the namespace controller created meanwhile
             _force_pods(cluster, ns)
         until(f"namespaces {', '.join(names)} deleted", gone, timeout / 2)
 
