@@ -154,7 +154,7 @@ def test_every_rendered_manifest_passes_server_dry_run(kube: KubeCluster) -> Non
     kube.kubectl("create", "namespace", "preheat-system")
     text = _preheat("k8s", "render", "--namespace", NS, "-f", str(EXAMPLE))
     objects = list(yaml.safe_load_all(text))
-    out = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text).stdout
+    out = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text, timeout=180).stdout
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == len(objects), out
     assert all("(server dry run)" in line for line in lines), out
