@@ -12,12 +12,11 @@ import json
 import os
 import signal
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -40,53 +39,28 @@ from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
 from preheat.testing.kube import (
     KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
     forbidden_in,
-    kube_cluster,
-    write_kubeconfig,
 )
+from preheat.testing.kubespace import kube_share
+from preheat.testing.kubewait import until
 from preheat.testing.origins import HttpOrigin, nginx_origin
 from preheat.testing.procs import Process, free_port
 
 pytestmark = pytest.mark.kubernetes
 
-
-NODES = ("node-a", "node-b", "node-c")
+NS = "k8s-agent"
+NODES = ("agt-a", "agt-b", "agt-c")
 NC = "/apis/preheat.dev/v1alpha1/nodecaches"
-MDC = "/apis/preheat.dev/v1alpha1/namespaces/default/modeldatacaches"
+MDC = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/modeldatacaches"
 MODEL_BYTES = 3_000_000
-T = TypeVar("T")
-
-
-def _until(what: str, fn: Callable[[], T | None], timeout: float = 30.0) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            out = fn()
-            if out:
-                return out
-            last = out
-        except (OSError, RuntimeError, KeyError) as exc:
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout:g} s (last: {last})")
 
 
 @pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """A control plane with three stand-in nodes, the CRDs and the rendered agent RBAC
-    (module-scoped: stopped when this module ends)."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
-    nodes = {name: ({"pool": "gpu"} if name != "node-c" else {}) for name in NODES}
-    with kube_cluster(
-        tmp_path_factory.mktemp("kube-agent"), nodes=nodes, crds=True, bin_dir=bin_dir
-    ) as cluster:
+def kube(kube_session: KubeCluster) -> Iterator[KubeCluster]:
+    """This module's share of the session cluster: namespace k8s-agent, three stand-in
+    nodes and the rendered agent RBAC (all removed when this module ends)."""
+    nodes = {name: ({"pool": "gpu"} if name != "agt-c" else {}) for name in NODES}
+    with kube_share(kube_session, namespaces=[NS], nodes=nodes) as cluster:
         rbac = [
             m
             for m in system_manifests()
@@ -133,16 +107,18 @@ class Agent:
         self.port = free_port()
         self.proc: Process | None = None
 
-    def start(self) -> None:
+    def argv(self) -> list[str]:
         exe = Path(sys.executable).parent / "preheat"
-        argv = [
+        return [
             str(exe), "agent", "--node", self.node, "--store", str(self.store),
             "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.port),
             "--resync", "1", "--backoff", "0.3",
         ]  # fmt: skip
+
+    def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        self.proc = start_process(argv, self.log, env=env, inherit_env=False)
-        _until(f"agent {self.node} serving", lambda: self.get("/inventory"))
+        self.proc = start_process(self.argv(), self.log, env=env, inherit_env=False)
+        until(f"agent {self.node} serving", lambda: self.get("/inventory"))
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -171,16 +147,12 @@ def agents(
 ) -> Iterator[dict[str, Agent]]:
     """One agent per node, each with its own store, authenticated as the preheat-agent SA."""
     base = tmp_path_factory.mktemp("agents")
-    token = kube.service_account_token("preheat-system", "preheat-agent")
-    kubeconfig = write_kubeconfig(
-        base / "agent.kubeconfig", server=kube.server, ca_file=kube.ca_file, token=token,
-        user="preheat-agent",
-    )  # fmt: skip
+    kubeconfig = kube.sa_kubeconfig(base / "agent.kubeconfig", "preheat-system", "preheat-agent")
     out = {n: Agent(n, base / n / "store", kubeconfig, base / f"{n}.log") for n in NODES}
     try:
         for a in out.values():
             a.start()
-        _create_cache(kube, "tiny", model.url, model.revision, ["node-a", "node-b"])
+        _create_cache(kube, "tiny", model.url, model.revision, ["agt-a", "agt-b"])
         yield out
     finally:
         for a in out.values():
@@ -188,7 +160,14 @@ def agents(
 
 
 def _create_cache(
-    kube: KubeCluster, name: str, source: str, revision: str, nodes: list[str], **extra: Any
+    kube: KubeCluster,
+    name: str,
+    source: str,
+    revision: str,
+    nodes: list[str],
+    *,
+    namespace: str = NS,
+    **extra: Any,
 ) -> None:
     body = {
         "apiVersion": "preheat.dev/v1alpha1",
@@ -196,7 +175,9 @@ def _create_cache(
         "metadata": {"name": name},
         "spec": {"source": source, "revision": revision, "nodes": {"names": nodes}, **extra},
     }
-    kube.rest().must("POST", MDC, body)
+    kube.rest().must(
+        "POST", f"/apis/preheat.dev/v1alpha1/namespaces/{namespace}/modeldatacaches", body
+    )
 
 
 def _nodecache(kube: KubeCluster, node: str) -> dict[str, Any]:
@@ -217,8 +198,8 @@ def test_targeted_nodes_warm_report_ready_and_get_labelled(
     """The two target nodes' agents fetch the revision, report it Ready with its bytes in
     their NodeCache and label their Node; the third agent fetches nothing."""
     label = revision_label(model.digest)
-    for node in ("node-a", "node-b"):
-        rev = _until(f"{node} Ready", lambda n=node: _ready_revision(kube, n, model.revision))
+    for node in ("agt-a", "agt-b"):
+        rev = until(f"{node} Ready", lambda n=node: _ready_revision(kube, n, model.revision))
         assert rev["bytes"] == model.size
         nc = _nodecache(kube, node)
         conds = {c["type"]: c for c in nc["status"]["conditions"]}
@@ -226,7 +207,7 @@ def test_targeted_nodes_warm_report_ready_and_get_labelled(
         assert conds["Ready"]["observedGeneration"] == nc["metadata"]["generation"]
         assert nc["status"]["usedBytes"] == model.size
         assert nc["status"]["freeBytes"] > 0
-        labels = _until(
+        labels = until(
             f"{node} labelled",
             lambda n=node: (
                 label in (kube.rest().get(f"/api/v1/nodes/{n}")["metadata"]["labels"])
@@ -240,41 +221,41 @@ def test_targeted_nodes_warm_report_ready_and_get_labelled(
         assert [s["manifest_digest"] for s in inv["snapshots"]] == [model.digest]
         used = agents[node].metric(f'preheat_node_used_bytes{{node="{node}"}}')
         assert used == model.size
-    c = _until("node-c NodeCache", lambda: _nodecache(kube, "node-c").get("status"))
+    c = until("agt-c NodeCache", lambda: _nodecache(kube, "agt-c").get("status"))
     assert c["revisionCount"] == 0 and not c.get("revisions")
-    assert NodeStore(agents["node-c"].store).snapshots() == []
-    assert label not in kube.rest().get("/api/v1/nodes/node-c")["metadata"].get("labels", {})
-    assert agents["node-c"].metric("preheat_agent_bytes_fetched_total") == 0
+    assert NodeStore(agents["agt-c"].store).snapshots() == []
+    assert label not in kube.rest().get("/api/v1/nodes/agt-c")["metadata"].get("labels", {})
+    assert agents["agt-c"].metric("preheat_agent_bytes_fetched_total") == 0
 
 
 def test_pod_with_snapshot_annotation_is_leased_until_deleted(
     kube: KubeCluster, agents: dict[str, Agent], model: Model
 ) -> None:
-    """A pod bound to node-a naming the snapshot gets a store lease, which the agent drops
+    """A pod bound to agt-a naming the snapshot gets a store lease, which the agent drops
     once the pod is deleted; meanwhile eviction never offers the leased snapshot."""
-    _until("node-a Ready", lambda: _ready_revision(kube, "node-a", model.revision))
+    until("agt-a Ready", lambda: _ready_revision(kube, "agt-a", model.revision))
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "user", "annotations": {SNAPSHOT_ANNOTATION: model.digest}},
         "spec": {
-            "nodeName": "node-a",
+            "nodeName": "agt-a",
             "terminationGracePeriodSeconds": 2,
             "containers": [{"name": "c", "image": "x", "command": ["sleep", "300"]}],
         },
     }
-    created = kube.rest().must("POST", "/api/v1/namespaces/default/pods", pod)
-    holder = f"pod:default/user:{created['metadata']['uid']}"
-    store = NodeStore(agents["node-a"].store)
-    _until("lease taken", lambda: store.leases(model.digest) == [holder])
+    created = kube.rest().must("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+    holder = f"pod:{NS}/user:{created['metadata']['uid']}"
+    store = NodeStore(agents["agt-a"].store)
+    until("lease taken", lambda: store.leases(model.digest) == [holder])
     assert model.digest not in [c.digest for c in store.eviction_candidates()]
-    leased = _until(
+    leased = until(
         "lease in status",
-        lambda: (_ready_revision(kube, "node-a", model.revision) or {}).get("leases") == 1,
+        lambda: (_ready_revision(kube, "agt-a", model.revision) or {}).get("leases") == 1,
     )
     assert leased
-    kube.rest().must("DELETE", "/api/v1/namespaces/default/pods/user")
-    _until("lease released", lambda: store.leases(model.digest) == [], timeout=40)
+    kube.rest().must("DELETE", f"/api/v1/namespaces/{NS}/pods/user")
+    until("lease released", lambda: store.leases(model.digest) == [], timeout=40)
     assert model.digest in [c.digest for c in store.eviction_candidates()]
 
 
@@ -284,43 +265,39 @@ def test_restarted_agent_fetches_nothing_and_writes_no_status(
     """A settled agent writes no status; SIGKILLed and restarted on its store it re-lists,
     fetches 0 bytes, keeps Ready and leaves the unchanged NodeCache alone (same
     resourceVersion)."""
-    agent = agents["node-b"]
-    _until("node-b Ready", lambda: _ready_revision(kube, "node-b", model.revision))
+    agent = agents["agt-b"]
+    until("agt-b Ready", lambda: _ready_revision(kube, "agt-b", model.revision))
     # In steady state three more reconcile passes write no status (no churn).
     writes, passes = (
         agent.metric(f"preheat_agent_{m}_total") for m in ("status_writes", "reconciles")
     )
-    _until(
-        "node-b reconciles", lambda: agent.metric("preheat_agent_reconciles_total") >= passes + 3
-    )
+    until("agt-b reconciles", lambda: agent.metric("preheat_agent_reconciles_total") >= passes + 3)
     assert agent.metric("preheat_agent_status_writes_total") == writes
     blobs = {p: p.stat().st_mtime_ns for p in (agent.store / "blobs").rglob("*") if p.is_file()}
     agent.kill()
-    before = _nodecache(kube, "node-b")
+    before = _nodecache(kube, "agt-b")
     agent.start()
-    _until(
-        "restarted agent reconciled", lambda: agent.metric("preheat_agent_reconciles_total") >= 3
-    )
+    until("restarted agent reconciled", lambda: agent.metric("preheat_agent_reconciles_total") >= 3)
     assert agent.metric("preheat_agent_bytes_fetched_total") == 0
     assert agent.metric("preheat_agent_warmups_total") == 0
     assert agent.metric("preheat_agent_status_writes_total") == 0
-    after = _nodecache(kube, "node-b")
+    after = _nodecache(kube, "agt-b")
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    assert _ready_revision(kube, "node-b", model.revision)
+    assert _ready_revision(kube, "agt-b", model.revision)
     assert {p: p.stat().st_mtime_ns for p in blobs} == blobs
 
 
 def test_failed_origin_with_credentials_is_redacted_then_retried(
     kube: KubeCluster, agents: dict[str, Agent], model: Model
 ) -> None:
-    """An origin that is down, named with user:pw@, leaves a lastFailure on node-c's
+    """An origin that is down, named with user:pw@, leaves a lastFailure on agt-c's
     NodeCache without the password; once the origin comes up the retry warms it."""
     port = free_port()
     url = f"http://user:pw@127.0.0.1:{port}/m/preheat-manifest.json"
-    _create_cache(kube, "guarded", url, model.revision, ["node-c"])
-    status = _until(
+    _create_cache(kube, "guarded", url, model.revision, ["agt-c"])
+    status = until(
         "failure reported",
-        lambda: (s := _nodecache(kube, "node-c").get("status") or {}).get("lastFailure") and s,
+        lambda: (s := _nodecache(kube, "agt-c").get("status") or {}).get("lastFailure") and s,
     )
     text = json.dumps(status)
     assert ":pw@" not in text and "pw" not in text.replace("preheat", "")
@@ -328,13 +305,13 @@ def test_failed_origin_with_credentials_is_redacted_then_retried(
     conds = {c["type"]: c["status"] for c in status["conditions"]}
     assert conds["Degraded"] == "True" and conds["Ready"] == "False"
     assert any(r["state"] == "Failed" for r in status["revisions"])
-    assert "pw" not in agents["node-c"].get("/inventory").replace("preheat", "")
-    assert ":pw@" not in agents["node-c"].get("/metrics")
-    assert ":pw@" not in agents["node-c"].log.read_text()  # the agent's own log lines
+    assert "pw" not in agents["agt-c"].get("/inventory").replace("preheat", "")
+    assert ":pw@" not in agents["agt-c"].get("/metrics")
+    assert ":pw@" not in agents["agt-c"].log.read_text()  # the agent's own log lines
     with nginx_origin(model.root, port=port):
-        _until("retried after the origin came up",
-               lambda: _ready_revision(kube, "node-c", model.revision), timeout=45)  # fmt: skip
-    assert agents["node-c"].metric("preheat_agent_bytes_fetched_total") == model.size
+        until("retried after the origin came up",
+               lambda: _ready_revision(kube, "agt-c", model.revision), timeout=45)  # fmt: skip
+    assert agents["agt-c"].metric("preheat_agent_bytes_fetched_total") == model.size
 
 
 def test_agents_stay_within_the_rendered_role(agents: dict[str, Agent]) -> None:
@@ -349,37 +326,37 @@ def test_agents_stay_within_the_rendered_role(agents: dict[str, Agent]) -> None:
 def test_a_cluster_revocation_reaches_the_agents_and_lifts(
     kube: KubeCluster, agents: dict[str, Agent], model: Model, tmp_path: Path
 ) -> None:
-    """A Revocation (by manifest digest) removes the revision from node-b's store and
+    """A Revocation (by manifest digest) removes the revision from agt-b's store and
     refuses its warm-up there; every agent lists the key in its NodeCache and the
-    Revocation's status says it is applied on all nodes; deleting it lets node-b warm the
+    Revocation's status says it is applied on all nodes; deleting it lets agt-b warm the
     revision again."""
     generate_model(model.root / "rv", 400_000, shards=1, seed=5)
     write_http_manifest(model.root / "rv")
     url = model.origin.url("rv/preheat-manifest.json")
     revision, manifest = NodeStore(tmp_path / "probe").resolve(url)
-    _create_cache(kube, "rvk", url, revision, ["node-b"])
-    _until("node-b Ready", lambda: _ready_revision(kube, "node-b", revision))
+    _create_cache(kube, "rvk", url, revision, ["agt-b"])
+    until("agt-b Ready", lambda: _ready_revision(kube, "agt-b", revision))
     key = f"sha256:{manifest.digest}"
     rvk = "/apis/preheat.dev/v1alpha1/revocations"
     kube.rest().must("POST", rvk, {
         "apiVersion": "preheat.dev/v1alpha1", "kind": "Revocation",
         "metadata": {"name": "cve-1"}, "spec": {"key": key, "reason": "CVE-2026-0001"},
     })  # fmt: skip
-    store = NodeStore(agents["node-b"].store)
-    _until("removed from node-b", lambda: not store.has(revision))
+    store = NodeStore(agents["agt-b"].store)
+    until("removed from agt-b", lambda: not store.has(revision))
 
     def listed(node: str) -> bool:
         status = _nodecache(kube, node).get("status") or {}
         return any(r["key"] == key for r in status.get("revocations") or ())
 
     for node in NODES:
-        _until(f"{node} lists the key", lambda n=node: listed(n))
+        until(f"{node} lists the key", lambda n=node: listed(n))
     assert store.revoked()[key][0] == "CVE-2026-0001"
-    failure = _until(
-        "warm-up refused", lambda: _nodecache(kube, "node-b")["status"].get("lastFailure")
+    failure = until(
+        "warm-up refused", lambda: _nodecache(kube, "agt-b")["status"].get("lastFailure")
     )
     assert "revoked" in failure["message"], failure
-    assert _ready_revision(kube, "node-b", revision) is None
+    assert _ready_revision(kube, "agt-b", revision) is None
     api = kube_config.new_client_from_config(str(kube.kubeconfig))
     try:
         assert sync_revocation_statuses(client.CustomObjectsApi(api), "2026-12-01T00:00:00Z") == 1
@@ -389,7 +366,7 @@ def test_a_cluster_revocation_reaches_the_agents_and_lifts(
     assert st["appliedNodes"] == sorted(NODES)
     assert [(c["type"], c["status"]) for c in st["conditions"]] == [("Ready", "True")]
     kube.rest().must("DELETE", f"{rvk}/cve-1")
-    _until("node-b warms again", lambda: _ready_revision(kube, "node-b", revision), 30)
+    until("agt-b warms again", lambda: _ready_revision(kube, "agt-b", revision), 30)
     assert key not in store.revoked()
     kube.rest().must("DELETE", f"{MDC}/rvk")
 
@@ -397,34 +374,34 @@ def test_a_cluster_revocation_reaches_the_agents_and_lifts(
 def test_label_goes_when_the_revision_leaves_the_store(
     kube: KubeCluster, agents: dict[str, Agent], model: Model
 ) -> None:
-    """Once no cache wants the revision and it is removed from node-a's store, the agent
+    """Once no cache wants the revision and it is removed from agt-a's store, the agent
     drops the Node label and reports no revisions (and does not fetch it again)."""
     label = revision_label(model.digest)
-    _until("node-a Ready", lambda: _ready_revision(kube, "node-a", model.revision))
+    until("agt-a Ready", lambda: _ready_revision(kube, "agt-a", model.revision))
     kube.rest().must("DELETE", f"{MDC}/tiny")
-    store = NodeStore(agents["node-a"].store)
-    _until("lease-free", lambda: store.leases(model.digest) == [])
+    store = NodeStore(agents["agt-a"].store)
+    until("lease-free", lambda: store.leases(model.digest) == [])
     store.delete(model.digest)
 
     def unlabelled() -> bool:
-        labels = kube.rest().get("/api/v1/nodes/node-a")["metadata"].get("labels") or {}
-        status = _nodecache(kube, "node-a").get("status") or {}
+        labels = kube.rest().get("/api/v1/nodes/agt-a")["metadata"].get("labels") or {}
+        status = _nodecache(kube, "agt-a").get("status") or {}
         return label not in labels and status.get("revisionCount") == 0
 
-    _until("label removed", unlabelled)
-    assert label in kube.rest().get("/api/v1/nodes/node-b")["metadata"]["labels"]
-    assert agents["node-a"].metric("preheat_agent_bytes_fetched_total") == model.size
-    assert NodeStore(agents["node-a"].store).snapshots() == []
+    until("label removed", unlabelled)
+    assert label in kube.rest().get("/api/v1/nodes/agt-b")["metadata"]["labels"]
+    assert agents["agt-a"].metric("preheat_agent_bytes_fetched_total") == model.size
+    assert NodeStore(agents["agt-a"].store).snapshots() == []
 
 
 def test_cache_targets_by_names_or_selector_or_all() -> None:
     """spec.nodes.names lists nodes, spec.nodes.selector matches labels, neither means all."""
-    names = {"nodes": {"names": ["node-a"]}}
+    names = {"nodes": {"names": ["agt-a"]}}
     selector = {"nodes": {"selector": {"pool": "gpu"}}}
-    assert targets_node(names, "node-a", {}) and not targets_node(names, "node-b", {})
-    assert targets_node(selector, "node-b", {"pool": "gpu"})
-    assert not targets_node(selector, "node-c", {"pool": "cpu"})
-    assert targets_node({}, "node-c", {}) and targets_node({"nodes": {}}, "node-c", {})
+    assert targets_node(names, "agt-a", {}) and not targets_node(names, "agt-b", {})
+    assert targets_node(selector, "agt-b", {"pool": "gpu"})
+    assert not targets_node(selector, "agt-c", {"pool": "cpu"})
+    assert targets_node({}, "agt-c", {}) and targets_node({"nodes": {}}, "agt-c", {})
 
 
 def test_revision_label_fits_and_patch_adds_and_removes() -> None:
@@ -466,35 +443,35 @@ def test_status_conditions_keep_transition_times_and_redact() -> None:
 def test_slow_fill_reports_filling_while_the_loop_keeps_reconciling(
     kube: KubeCluster, agents: dict[str, Agent], tmp_path: Path
 ) -> None:
-    """While a rate-limited fill runs, node-c's NodeCache shows it Filling with Progressing
+    """While a rate-limited fill runs, agt-c's NodeCache shows it Filling with Progressing
     True, and the agent keeps reconciling and serving (the fill does not block the loop);
     once held, the cache's pin and priority are applied to the store."""
     generate_model(tmp_path / "slow", MODEL_BYTES, shards=2, seed=11)
     write_http_manifest(tmp_path / "slow")
-    agent = agents["node-c"]
+    agent = agents["agt-c"]
     with nginx_origin(tmp_path, limit_rate=200_000) as origin:
         url = origin.url("slow/preheat-manifest.json")
         revision, manifest = NodeStore(tmp_path / "probe").resolve(url)
-        _create_cache(kube, "slow", url, revision, ["node-c"], pin=True, priority=3)
+        _create_cache(kube, "slow", url, revision, ["agt-c"], pin=True, priority=3)
 
         def filling() -> dict[str, Any] | None:
-            status = _nodecache(kube, "node-c").get("status") or {}
+            status = _nodecache(kube, "agt-c").get("status") or {}
             revs = [r for r in status.get("revisions") or () if r["revision"] == revision]
             return status if revs and revs[0]["state"] == "Filling" else None
 
-        status = _until("Filling reported", filling)
+        status = until("Filling reported", filling)
         conds = {c["type"]: c["status"] for c in status["conditions"]}
         assert conds["Progressing"] == "True" and conds["Ready"] == "False"
         start = agent.metric("preheat_agent_reconciles_total")
-        _until("loop runs during the fill",
+        until("loop runs during the fill",
                lambda: agent.metric("preheat_agent_reconciles_total") >= start + 2)  # fmt: skip
         assert not NodeStore(agent.store).has(revision)  # still filling meanwhile
-        _until("slow revision Ready", lambda: _ready_revision(kube, "node-c", revision), 60)
-    status = _nodecache(kube, "node-c")["status"]
+        until("slow revision Ready", lambda: _ready_revision(kube, "agt-c", revision), 60)
+    status = _nodecache(kube, "agt-c")["status"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Progressing"] == "False"
     assert NodeStore(agent.store).has(manifest.digest)
     # The cache's pin and priority reach the store; a pinned snapshot is never a candidate.
-    info = _until(
+    info = until(
         "pinned",
         lambda: [
             i
@@ -505,10 +482,10 @@ def test_slow_fill_reports_filling_while_the_loop_keeps_reconciling(
     assert info.priority == 3
 
     def pinned_in_status() -> dict[str, Any] | None:
-        st: dict[str, Any] = _nodecache(kube, "node-c")["status"]
+        st: dict[str, Any] = _nodecache(kube, "agt-c")["status"]
         mine = [r for r in st["revisions"] if r["revision"] == revision]
         ok = manifest.digest not in st["evictionOrder"] and mine and mine[0].get("pinned")
         return st if ok else None
 
-    status = _until("pin in status", pinned_in_status)
+    status = until("pin in status", pinned_in_status)
     assert status["evictionOrder"]  # the unpinned revision from the guarded cache is one

@@ -29,25 +29,22 @@ from preheat.runtime.kubernetes.render import (
     system_manifests,
 )
 from preheat.runtime.kubernetes.resources import endpoint_from_object, load_endpoint_file
-from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, kube_cluster
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
 
 pytestmark = pytest.mark.kubernetes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "endpoint.yaml"
-NODES = {"node-a": {"pool": "gpu"}, "node-b": {"pool": "gpu"}, "node-c": {}}
+NS = "k8s-cluster"
+NODES = {"clu-a": {"pool": "gpu"}, "clu-b": {"pool": "gpu"}, "clu-c": {}}
 
 
-@pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """One control plane with three stand-in nodes (two labelled pool=gpu) and the CRDs."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
-    with kube_cluster(
-        tmp_path_factory.mktemp("kube"), nodes=NODES, crds=True, bin_dir=bin_dir
-    ) as cluster:
+@pytest.fixture(scope="module")
+def kube(kube_session: KubeCluster) -> Iterator[KubeCluster]:
+    """This module's share of the session cluster: namespace k8s-cluster and three
+    stand-in nodes (two labelled pool=gpu); the CRDs are installed."""
+    with kube_share(kube_session, namespaces=[NS], nodes=NODES) as cluster:
         yield cluster
 
 
@@ -58,7 +55,7 @@ def _preheat(*args: str) -> str:
     ).stdout
 
 
-def _pods(kube: KubeCluster, selector: str, namespace: str = "default") -> list[dict[str, Any]]:
+def _pods(kube: KubeCluster, selector: str, namespace: str = NS) -> list[dict[str, Any]]:
     body = kube.rest().get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
     return list(body["items"])
 
@@ -74,14 +71,14 @@ def test_control_plane_boots_with_ready_nodes(kube: KubeCluster) -> None:
     print("control plane timings (s):", {k: round(v, 2) for k, v in kube.timings.items()})
     version = json.loads(kube.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == "v1.20.2"
-    nodes = kube.rest().get("/api/v1/nodes")["items"]
+    nodes = [n for n in kube.rest().get("/api/v1/nodes")["items"] if n["metadata"]["name"] in NODES]
     assert sorted(n["metadata"]["name"] for n in nodes) == sorted(NODES)
     for n in nodes:
         conds = {c["type"]: c["status"] for c in n["status"]["conditions"]}
         assert conds["Ready"] == "True"
         assert not n["spec"].get("taints")
-    lease = kube.rest().get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-a")
-    assert lease["spec"]["holderIdentity"] == "node-a"
+    lease = kube.rest().get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/clu-a")
+    assert lease["spec"]["holderIdentity"] == "clu-a"
 
 
 def test_python_client_and_kopf_stack_authenticate_from_kubeconfig(kube: KubeCluster) -> None:
@@ -91,18 +88,18 @@ def test_python_client_and_kopf_stack_authenticate_from_kubeconfig(kube: KubeClu
     api_client = config.new_client_from_config(config_file=str(kube.kubeconfig))
     with api_client:
         names = {n.metadata.name for n in client.CoreV1Api(api_client).list_node().items}
-    assert names == set(NODES)
+    assert names >= set(NODES)  # the session cluster: this module's nodes among them
 
 
 def test_inference_endpoint_applies_and_prints_columns(kube: KubeCluster) -> None:
     """The rendered InferenceEndpoint is stored unpruned, parses back to the same spec, and
     `kubectl get inferenceendpoints` shows the printer columns with the status we write."""
-    manifests = yaml.safe_load_all(_preheat("k8s", "render", "--crds", "-f", str(EXAMPLE)))
+    manifests = yaml.safe_load_all(
+        _preheat("k8s", "render", "--crds", "--namespace", NS, "-f", str(EXAMPLE))
+    )
     endpoint = next(m for m in manifests if m["kind"] == "InferenceEndpoint")
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(endpoint))
-    stored = kube.rest().get(
-        "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints/chat"
-    )
+    stored = kube.rest().get(f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/inferenceendpoints/chat")
     assert stored["spec"] == endpoint["spec"]  # nothing pruned by the structural schema
     spec, _ = endpoint_from_object(stored)
     assert spec == load_endpoint_file(EXAMPLE)[0]
@@ -121,17 +118,17 @@ def test_inference_endpoint_applies_and_prints_columns(kube: KubeCluster) -> Non
     }
     kube.rest().must(
         "PATCH",
-        "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints/chat/status",
+        f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/inferenceendpoints/chat/status",
         status,
         content_type="application/merge-patch+json",
     )
-    table = kube.kubectl("get", "inferenceendpoints").stdout.splitlines()
+    table = kube.kubectl("get", "inferenceendpoints", "-n", NS).stdout.splitlines()
     header = table[0].split()
     assert header[:8] == [
         "NAME", "READY", "CACHEREADY", "REPLICAS", "AVAILABLE", "WARM", "NODES", "STRATEGY",
     ]  # fmt: skip
     assert table[1].split()[:7] == ["chat", "False", "True", "2", "1", "2", "prefix_aware"]
-    assert "chat" in kube.kubectl("get", "preheat").stdout  # the category lists them too
+    assert "chat" in kube.kubectl("get", "preheat", "-n", NS).stdout  # the category lists them too
 
 
 def test_crd_schema_rejects_out_of_range_fields(kube: KubeCluster) -> None:
@@ -146,7 +143,7 @@ def test_crd_schema_rejects_out_of_range_fields(kube: KubeCluster) -> None:
         },
     }
     status, out = kube.rest().call(
-        "POST", "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints", body
+        "POST", f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/inferenceendpoints", body
     )
     assert status == 422, out
     assert "prefixLength" in out["message"] and "strategy" in out["message"]
@@ -155,9 +152,9 @@ def test_crd_schema_rejects_out_of_range_fields(kube: KubeCluster) -> None:
 def test_every_rendered_manifest_passes_server_dry_run(kube: KubeCluster) -> None:
     """CRDs, RBAC, operator Deployment, agent DaemonSet, router and endpoint all validate."""
     kube.kubectl("create", "namespace", "preheat-system")
-    text = _preheat("k8s", "render", "-f", str(EXAMPLE))
+    text = _preheat("k8s", "render", "--namespace", NS, "-f", str(EXAMPLE))
     objects = list(yaml.safe_load_all(text))
-    out = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text).stdout
+    out = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text, timeout=180).stdout
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == len(objects), out
     assert all("(server dry run)" in line for line in lines), out
@@ -165,7 +162,9 @@ def test_every_rendered_manifest_passes_server_dry_run(kube: KubeCluster) -> Non
     assert {"CustomResourceDefinition", "ClusterRole", "Role", "DaemonSet", "Service"} <= kinds
 
 
-def _engine_deployment(name: str, replicas: int, *, affinity_label: str | None) -> dict[str, Any]:
+def _engine_deployment(
+    name: str, replicas: int, *, affinity_label: str | None, namespace: str = NS
+) -> dict[str, Any]:
     labels = {"app": name}
     pod_spec: dict[str, Any] = {
         "containers": [
@@ -220,7 +219,7 @@ def _engine_deployment(name: str, replicas: int, *, affinity_label: str | None) 
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
@@ -241,7 +240,7 @@ def engines(kube: KubeCluster) -> Iterator[list[dict[str, Any]]]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": "engines", "namespace": "default"},
+        "metadata": {"name": "engines", "namespace": NS},
         "spec": {"selector": {"app": "engines"}, "ports": [{"name": "http", "port": 8000}]},
     }
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([deployment, service]))
@@ -252,7 +251,7 @@ def engines(kube: KubeCluster) -> Iterator[list[dict[str, Any]]]:
         return live if len(live) == 4 and all(_ready(p) for p in live) else None
 
     yield kube.wait_for("4 engine pods Ready", available, timeout=90)
-    kube.kubectl("delete", "deployment/engines", "service/engines", "--wait=false")
+    kube.kubectl("delete", "-n", NS, "deployment/engines", "service/engines", "--wait=false")
 
 
 def test_deployment_pods_run_on_loopback_ips_and_prefer_labelled_nodes(
@@ -262,14 +261,14 @@ def test_deployment_pods_run_on_loopback_ips_and_prefer_labelled_nodes(
     127.x address, answers there, and the preferred affinity kept them on pool=gpu nodes."""
     ips = [p["status"]["podIP"] for p in engines]
     assert len(set(ips)) == 4 and all(ip.startswith("127.") for ip in ips)
-    assert {p["spec"]["nodeName"] for p in engines} <= {"node-a", "node-b"}
+    assert {p["spec"]["nodeName"] for p in engines} <= {"clu-a", "clu-b"}
     # the controller-manager writes the Deployment's status a moment after the pods turn
     # Ready (asynchronously), so wait for it rather than read it once
     kube.wait_for(
         "the Deployment reports 4 available replicas",
         lambda: (
             kube.rest()
-            .get("/apis/apps/v1/namespaces/default/deployments/engines")
+            .get(f"/apis/apps/v1/namespaces/{NS}/deployments/engines")
             .get("status", {})
             .get("availableReplicas")
             == 4
@@ -281,9 +280,9 @@ def test_deployment_pods_run_on_loopback_ips_and_prefer_labelled_nodes(
             assert r.status == 200
     # Steady state: no status churn (lastTransitionTime moves only when a condition does).
     name = engines[0]["metadata"]["name"]
-    before = kube.rest().get(f"/api/v1/namespaces/default/pods/{name}")["metadata"]
+    before = kube.rest().get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]
     time.sleep(1.5)
-    after = kube.rest().get(f"/api/v1/namespaces/default/pods/{name}")["metadata"]
+    after = kube.rest().get(f"/api/v1/namespaces/{NS}/pods/{name}")["metadata"]
     assert after["resourceVersion"] == before["resourceVersion"]
 
 
@@ -296,7 +295,7 @@ def test_endpointslices_list_pod_ips_and_a_pod_serves_a_completion(
 
     def sliced() -> set[str] | None:
         body = kube.rest().get(
-            "/apis/discovery.k8s.io/v1beta1/namespaces/default/endpointslices"
+            f"/apis/discovery.k8s.io/v1beta1/namespaces/{NS}/endpointslices"
             "?labelSelector=kubernetes.io/service-name=engines"
         )
         found = {
@@ -332,7 +331,7 @@ def test_crashed_container_is_restarted_and_ready_again(
     os.kill(pid, signal.SIGKILL)
 
     def restarted() -> dict[str, Any] | None:
-        p = kube.rest().get(f"/api/v1/namespaces/default/pods/{name}")
+        p = kube.rest().get(f"/api/v1/namespaces/{NS}/pods/{name}")
         cs = p["status"]["containerStatuses"][0]
         return p if cs["restartCount"] == 1 and _ready(p) else None
 
@@ -347,7 +346,7 @@ def test_scale_in_deletes_pods_and_stops_their_processes(
 ) -> None:
     """Scaling to 2 ends two pods: the stand-in stops their processes and finishes the
     deletion, so the Pod objects disappear and their addresses stop answering."""
-    kube.kubectl("scale", "deployment/engines", "--replicas=2")
+    kube.kubectl("scale", "-n", NS, "deployment/engines", "--replicas=2")
 
     def two_left() -> list[dict[str, Any]] | None:
         pods = _pods(kube, "app=engines")
@@ -365,7 +364,7 @@ def _apply_roles(kube: KubeCluster) -> None:
     spec, pod = load_endpoint_file(EXAMPLE)
     rbac = [
         o
-        for o in system_manifests() + endpoint_manifests(spec, pod=pod)
+        for o in system_manifests() + endpoint_manifests(spec, namespace=NS, pod=pod)
         if o["kind"]
         in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     ]
@@ -383,12 +382,12 @@ def test_rendered_agent_and_router_roles_allow_their_verbs_and_refuse_others(
         kube.kubectl("create", "namespace", "preheat-system")
     _apply_roles(kube)
     agent = kube.rest(kube.service_account_token("preheat-system", "preheat-agent"))
-    router = kube.rest(kube.service_account_token("default", "preheat-router-chat"))
+    router = kube.rest(kube.service_account_token(NS, "preheat-router-chat"))
     nodecache = {
         "apiVersion": "preheat.dev/v1alpha1",
         "kind": "NodeCache",
-        "metadata": {"name": "node-a"},
-        "spec": {"node": "node-a", "storePath": "/var/lib/preheat/store"},
+        "metadata": {"name": "clu-a"},
+        "spec": {"node": "clu-a", "storePath": "/var/lib/preheat/store"},
     }
 
     def expect(client: Any, code: int, method: str, path: str, body: Any = None, **kw: Any) -> None:
@@ -400,28 +399,28 @@ def test_rendered_agent_and_router_roles_allow_their_verbs_and_refuse_others(
             time.sleep(0.2)
         assert got == code, f"{method} {path}: {got} {out}"
 
-    expect(agent, 200, "GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a")
+    expect(agent, 200, "GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dclu-a")
     expect(agent, 201, "POST", "/apis/preheat.dev/v1alpha1/nodecaches", nodecache)
     expect(
-        agent, 200, "PATCH", "/apis/preheat.dev/v1alpha1/nodecaches/node-a/status",
+        agent, 200, "PATCH", "/apis/preheat.dev/v1alpha1/nodecaches/clu-a/status",
         {"status": {"freeBytes": 10, "revisionCount": 0}},
         content_type="application/merge-patch+json",
     )  # fmt: skip
     expect(agent, 200, "GET", "/apis/preheat.dev/v1alpha1/modeldatacaches")
-    expect(agent, 200, "GET", "/api/v1/nodes/node-a")
-    expect(agent, 403, "DELETE", "/api/v1/namespaces/default/pods/whatever")
+    expect(agent, 200, "GET", "/api/v1/nodes/clu-a")
+    expect(agent, 403, "DELETE", f"/api/v1/namespaces/{NS}/pods/whatever")
     expect(
-        agent, 403, "POST", "/apis/preheat.dev/v1alpha1/namespaces/default/modeldatacaches",
+        agent, 403, "POST", f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/modeldatacaches",
         {"apiVersion": "preheat.dev/v1alpha1", "kind": "ModelDataCache",
          "metadata": {"name": "x"}, "spec": {"source": "file:///m"}},
     )  # fmt: skip
-    expect(agent, 403, "GET", "/api/v1/namespaces/default/secrets")
-    expect(router, 200, "GET", "/apis/discovery.k8s.io/v1beta1/namespaces/default/endpointslices")
-    expect(router, 200, "GET", "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints")
+    expect(agent, 403, "GET", f"/api/v1/namespaces/{NS}/secrets")
+    expect(router, 200, "GET", f"/apis/discovery.k8s.io/v1beta1/namespaces/{NS}/endpointslices")
+    expect(router, 200, "GET", f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/inferenceendpoints")
     expect(
         router, 403, "GET", "/apis/discovery.k8s.io/v1beta1/namespaces/kube-system/endpointslices"
     )
-    expect(router, 403, "GET", "/api/v1/namespaces/default/pods")
+    expect(router, 403, "GET", f"/api/v1/namespaces/{NS}/pods")
     # The rules under test are the ones the code renders, not a copy.
     assert any("nodecaches/status" in r["resources"] for r in AGENT_RULES)
     assert all("delete" not in r["verbs"] for r in ROUTER_RULES)
@@ -436,10 +435,10 @@ def test_init_container_output_reaches_the_main_container_and_pod_succeeds(
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "init-demo", "namespace": "default"},
+        "metadata": {"name": "init-demo", "namespace": NS},
         "spec": {
             "restartPolicy": "Never",
-            "nodeName": "node-c",
+            "nodeName": "clu-c",
             "initContainers": [
                 {
                     "name": "fetch",
@@ -462,10 +461,10 @@ def test_init_container_output_reaches_the_main_container_and_pod_succeeds(
             "volumes": [{"name": "work", "emptyDir": {}}],
         },
     }
-    kube.rest().must("POST", "/api/v1/namespaces/default/pods", pod)
+    kube.rest().must("POST", f"/api/v1/namespaces/{NS}/pods", pod)
 
     def finished() -> dict[str, Any] | None:
-        p = kube.rest().get("/api/v1/namespaces/default/pods/init-demo")
+        p = kube.rest().get(f"/api/v1/namespaces/{NS}/pods/init-demo")
         return p if p["status"].get("phase") in ("Succeeded", "Failed") else None
 
     done = kube.wait_for("init-demo finished", finished, timeout=30)
@@ -474,4 +473,4 @@ def test_init_container_output_reaches_the_main_container_and_pod_succeeds(
     assert conds["Initialized"] == "True"
     main = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert main["exitCode"] == 0
-    kube.kubectl("delete", "pod", "init-demo", "--wait=true", "--timeout=30s")
+    kube.kubectl("delete", "-n", NS, "pod", "init-demo", "--wait=true", "--timeout=30s")

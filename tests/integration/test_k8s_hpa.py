@@ -38,19 +38,14 @@ from preheat.control.spec import parse_endpoint
 from preheat.runtime.kubernetes.render import endpoint_manifests, system_manifests
 from preheat.runtime.kubernetes.render_adapter import ADAPTER_NAME, api_service
 from preheat.runtime.procs import start_process
-from preheat.testing.kube import (
-    KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    kube_cluster,
-    write_kubeconfig,
-)
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
 from preheat.testing.origins import nginx_origin
 from preheat.testing.procs import Process, free_port
 
 pytestmark = pytest.mark.kubernetes
 
-NS = "default"
+NS = "k8s-hpa"
 SYSTEM = "preheat-system"
 PREHEAT = str(Path(sys.executable).parent / "preheat")
 METRIC_PATH = (
@@ -100,25 +95,17 @@ class World:
             return 0
 
 
-def _kubeconfig(kube: KubeCluster, path: Path, namespace: str, sa: str) -> Path:
-    token = kube.service_account_token(namespace, sa)
-    return write_kubeconfig(path, server=kube.server, ca_file=kube.ca_file, token=token, user=sa)
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """Cluster with one node, the rendered RBAC, endpoint and HPA, the operator, router and
-    adapter processes, and the APIService (stopped by PID)."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """This module's share of the session cluster (namespace k8s-hpa, one node), the
+    rendered RBAC, endpoint and HPA, the operator, router and adapter processes, and the
+    APIService (processes stopped by PID, objects removed by the share)."""
     base = tmp_path_factory.mktemp("k8s-hpa")
     generate_model(base / "origin" / "m", 100_000, shards=1, seed=7)
     write_http_manifest(base / "origin" / "m")
     with (
         nginx_origin(base / "origin") as nginx,
-        kube_cluster(base / "kube", nodes={"node-a": {}}, crds=True, bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS], nodes={"hpa-a": {}}) as kube,
     ):
         t0 = time.monotonic()
         spec = parse_endpoint(
@@ -163,13 +150,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 def _start(world: World, env: dict[str, str]) -> None:
     kube, base = world.kube, world.base
-    op_conf = _kubeconfig(kube, base / "operator.kubeconfig", SYSTEM, "preheat-operator")
+    op_conf = kube.sa_kubeconfig(base / "operator.kubeconfig", SYSTEM, "preheat-operator")
     world.procs["operator"] = start_process(
         [PREHEAT, "operator", "--kubeconfig", str(op_conf), "--namespace", NS,
          "--metrics-port", str(free_port()), "--tick", "1"],
         base / "operator.log", env=env, inherit_env=False,
     )  # fmt: skip
-    router_conf = _kubeconfig(kube, base / "router.kubeconfig", NS, "preheat-router-chat")
+    router_conf = kube.sa_kubeconfig(base / "router.kubeconfig", NS, "preheat-router-chat")
     world.procs["router"] = start_process(
         [PREHEAT, "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", NS,
          "--kubeconfig", str(router_conf), "--port", str(world.router_port),
@@ -178,7 +165,7 @@ def _start(world: World, env: dict[str, str]) -> None:
         env={**env, "PREHEAT_ROUTER_SALT": "a-salt-of-at-least-16-bytes"}, inherit_env=False,
     )  # fmt: skip
     certs = base / "adapter-certs"
-    adapter_conf = _kubeconfig(kube, base / "adapter.kubeconfig", SYSTEM, ADAPTER_NAME)
+    adapter_conf = kube.sa_kubeconfig(base / "adapter.kubeconfig", SYSTEM, ADAPTER_NAME)
     world.procs["adapter"] = start_process(
         [PREHEAT, "metrics-adapter", "--kubeconfig", str(adapter_conf), "--port",
          str(world.adapter_port), "--cert-dir", str(certs), "--tls-san",

@@ -34,23 +34,19 @@ from preheat.runtime.kubernetes.render import system_manifests
 from preheat.runtime.kubernetes.resources import endpoint_object
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
-from preheat.testing.kube import (
-    KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    kube_cluster,
-    write_kubeconfig,
-)
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
+from preheat.testing.kubewait import until
 from preheat.testing.origins import nginx_origin
 from preheat.testing.procs import Process, free_port
 from preheat.testing.registry import OciLayout, Registry, registry, skopeo, write_layout
-from tests.integration.test_k8s_operator import _until
 
 pytestmark = pytest.mark.kubernetes
 
-NODES = ("node-a", "node-b")
+NS = "k8s-images"
+NODES = ("img-a", "img-b")
 API = "/apis/preheat.dev/v1alpha1"
-NS_API = f"{API}/namespaces/default"
+NS_API = f"{API}/namespaces/{NS}"
 MiB = 1 << 20
 
 
@@ -111,25 +107,17 @@ def _endpoint(world: World, name: str, image: str, replicas: int = 1) -> dict[st
                          "minReady": 1, "timeoutSeconds": 60}}},
         origin="test",
     )  # fmt: skip
-    return endpoint_object(spec, namespace="default")
+    return endpoint_object(spec, namespace=NS)
 
 
 def _preheat() -> str:
     return str(Path(sys.executable).parent / "preheat")
 
 
-def _sa(kube: KubeCluster, path: Path, name: str) -> Path:
-    token = kube.service_account_token("preheat-system", name)
-    return write_kubeconfig(path, server=kube.server, ca_file=kube.ca_file, token=token, user=name)
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """Registry with the engine image, model origin, cluster, agents with mirrors, operator."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """Registry with the engine image, model origin, this module's share of the session
+    cluster (namespace k8s-images, two nodes), agents with mirrors, operator."""
     base = tmp_path_factory.mktemp("k8s-images")
     generate_model(base / "origin" / "m", 200_000, shards=1, seed=5)
     write_http_manifest(base / "origin" / "m")
@@ -137,8 +125,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with (
         registry(base / "reg") as reg,
         nginx_origin(base / "origin") as nginx,
-        kube_cluster(base / "kube", nodes={n: {"pool": "gpu"} for n in NODES}, crds=True,
-                     bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS],
+                   nodes={n: {"pool": "gpu"} for n in NODES}) as kube,
     ):  # fmt: skip
         reg.push(layout.path, "team/engine:v1")
         world = World(kube, reg, layout, reg.ref("team/engine:v1"),
@@ -147,7 +135,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}]  # fmt: skip
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        agent_conf = _sa(kube, base / "agent.kubeconfig", "preheat-agent")
+        agent_conf = kube.sa_kubeconfig(
+            base / "agent.kubeconfig", "preheat-system", "preheat-agent"
+        )
         try:
             for node in NODES:
                 world.mirror_ports[node], world.metrics_ports[node] = free_port(), free_port()
@@ -159,9 +149,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                      "--mirror-upstream", reg.url],
                     base / f"agent-{node}.log", env=env, inherit_env=False,
                 ))  # fmt: skip
-            op_conf = _sa(kube, base / "operator.kubeconfig", "preheat-operator")
+            op_conf = kube.sa_kubeconfig(
+                base / "operator.kubeconfig", "preheat-system", "preheat-operator"
+            )
             world.procs.append(start_process(
-                [_preheat(), "operator", "--kubeconfig", str(op_conf), "--namespace", "default",
+                [_preheat(), "operator", "--kubeconfig", str(op_conf), "--namespace", NS,
                  "--metrics-port", str(free_port()), "--tick", "1"],
                 base / "operator.log", env=env, inherit_env=False,
             ))  # fmt: skip
@@ -177,7 +169,7 @@ def test_agents_pre_pull_the_image_once_per_node_and_the_status_shows_it(world: 
     NodeCaches and in the ModelImageCache (readyNodes 2, Ready True, the digest)."""
     world.kube.rest().must("POST", f"{NS_API}/inferenceendpoints",
                            _endpoint(world, "chat", world.image))  # fmt: skip
-    mic = _until("ModelImageCache Ready on both nodes",
+    mic = until("ModelImageCache Ready on both nodes",
                  lambda: (o := world.image_cache()) and _condition(o, "Ready") == "True" and o,
                  timeout=90)  # fmt: skip
     assert mic["status"]["readyNodes"] == 2 and mic["status"]["targetNodes"] == list(NODES)
@@ -190,21 +182,21 @@ def test_agents_pre_pull_the_image_once_per_node_and_the_status_shows_it(world: 
         status = world.get(f"{API}/nodecaches/{node}")["status"]
         assert status["revisionCount"] == 1  # the model; the image is under images
         (held,) = ImageCache(NodeStore(world.store(node))).images()
-        assert held.references == ("default/chat",)
+        assert held.references == (f"{NS}/chat",)
     for digest, _size in world.layout.images["linux/amd64"].layers:
         gets = world.reg.requests(f"GET /v2/team/engine/blobs/{digest}")
         assert len(gets) == 2, gets  # once per node
-    _until("endpoint chat Ready", lambda: world.ready("chat"), timeout=90)
-    out = world.kube.kubectl("get", "modelimagecaches", "-n", "default").stdout
+    until("endpoint chat Ready", lambda: world.ready("chat"), timeout=90)
+    out = world.kube.kubectl("get", "modelimagecaches", "-n", NS).stdout
     print(out, world.kube.kubectl("get", "nodecaches", "-o", "wide").stdout)
     assert "READY NODES" in out and "True" in out
 
 
 def test_skopeo_pulls_through_an_agent_mirror_with_no_upstream_request(world: World) -> None:
-    """What the node's container runtime would do: skopeo copies the image from node-a's
+    """What the node's container runtime would do: skopeo copies the image from img-a's
     mirror; the registry sees no request and the agent's /metrics counts the hits."""
     before = len(world.reg.requests())
-    port = world.mirror_ports["node-a"]
+    port = world.mirror_ports["img-a"]
     skopeo("copy", "--src-tls-verify=false", f"docker://127.0.0.1:{port}/team/engine:v1",
            f"oci:{world.base / 'copied'}:v1")  # fmt: skip
     assert world.reg.requests()[before:] == []
@@ -214,11 +206,11 @@ def test_skopeo_pulls_through_an_agent_mirror_with_no_upstream_request(world: Wo
             == (world.base / "copied/blobs/sha256" / digest.removeprefix("sha256:")).read_bytes()
         )
     layers = world.layout.images["linux/amd64"].layers
-    hits = world.metric("node-a", 'preheat_agent_mirror_requests_total{result="hit"}')
-    served = world.metric("node-a", 'preheat_agent_mirror_bytes_total{result="hit"}')
+    hits = world.metric("img-a", 'preheat_agent_mirror_requests_total{result="hit"}')
+    served = world.metric("img-a", 'preheat_agent_mirror_bytes_total{result="hit"}')
     assert hits >= len(layers) + 2  # manifest, config, layers
     assert served >= sum(s for _, s in layers)
-    assert world.metric("node-a", 'preheat_agent_mirror_requests_total{result="miss"}') == 0
+    assert world.metric("img-a", 'preheat_agent_mirror_requests_total{result="miss"}') == 0
 
 
 def test_a_second_endpoint_shares_the_image_and_its_pod_records_cache(world: World) -> None:
@@ -228,14 +220,14 @@ def test_a_second_endpoint_shares_the_image_and_its_pod_records_cache(world: Wor
     before = len(world.reg.requests("/blobs/"))
     world.kube.rest().must("POST", f"{NS_API}/inferenceendpoints",
                            _endpoint(world, "again", world.image))  # fmt: skip
-    _until("endpoint again Ready", lambda: world.ready("again"), timeout=120)
+    until("endpoint again Ready", lambda: world.ready("again"), timeout=120)
     assert world.image_cache()["spec"]["endpoints"] == ["again", "chat"]
-    _until("two references per node",
+    until("two references per node",
            lambda: all(world.image_row(n).get("references") == 2 for n in NODES))  # fmt: skip
     assert len(world.reg.requests("/blobs/")) == before
     api = kube_config.new_client_from_config(str(world.kube.kubeconfig))
     try:
-        (rec,) = PodStartRecorder(api, "default", endpoint="again").sync()
+        (rec,) = PodStartRecorder(api, NS, endpoint="again").sync()
     finally:
         api.close()
     assert rec.image_source == "cache" and rec.image_ready is not None
@@ -249,11 +241,11 @@ def test_a_registry_that_is_down_blocks_nothing(world: World) -> None:
     failed pull (with the reason) and the ModelImageCache says Degraded."""
     dead = f"127.0.0.1:{free_port()}/team/gone:v1"
     world.kube.rest().must("POST", f"{NS_API}/inferenceendpoints", _endpoint(world, "down", dead))
-    _until("endpoint down Ready", lambda: world.ready("down"), timeout=90)
-    row = _until("a Failed image row", lambda: (r := world.image_row("node-a", dead))
+    until("endpoint down Ready", lambda: world.ready("down"), timeout=90)
+    row = until("a Failed image row", lambda: (r := world.image_row("img-a", dead))
                  and r["state"] == "Failed" and r)  # fmt: skip
     assert "127.0.0.1" in row["message"]
-    mic = _until("Degraded", lambda: (o := world.image_cache(dead))
+    mic = until("Degraded", lambda: (o := world.image_cache(dead))
                  and _condition(o, "Degraded") == "True" and o)  # fmt: skip
     assert mic["status"]["readyNodes"] == 0
     world.kube.rest().must("DELETE", f"{NS_API}/inferenceendpoints/down")
@@ -269,7 +261,7 @@ def test_deleting_the_endpoints_drops_the_references_and_keeps_the_image(world: 
         return all(world.image_row(n).get("references") == 0 for n in NODES)
 
     try:
-        _until("references dropped", unreferenced)
+        until("references dropped", unreferenced)
     except AssertionError as exc:
         mics = [o["spec"] for o in world.get(f"{NS_API}/modelimagecaches")["items"]]
         raise AssertionError(f"{exc}; ModelImageCaches: {mics}") from None

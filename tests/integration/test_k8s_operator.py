@@ -1,6 +1,6 @@
 """`preheat operator` end to end on a real v1.20.2 control plane.
 
-Three stand-in nodes (node-a and node-b labelled pool=gpu: the cache targets; node-c
+Three stand-in nodes (op-a and op-b labelled pool=gpu: the cache targets; op-c
 cold), one `preheat agent` process per node on that node's hostPath store, the operator
 as a real process authenticated as the rendered `preheat-operator` ServiceAccount (so
 RBAC is the rendered ClusterRole), the router as `preheat-router-chat`. Each engine pod
@@ -22,10 +22,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -39,39 +39,19 @@ from preheat.runtime.kubernetes.render import endpoint_manifests, system_manifes
 from preheat.runtime.kubernetes.resources import PodOverrides, endpoint_object
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
-from preheat.testing.kube import (
-    KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    kube_cluster,
-    write_kubeconfig,
-)
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
+from preheat.testing.kubewait import until
 from preheat.testing.origins import AppInThread, nginx_origin
 from preheat.testing.procs import Process, free_port
 
 pytestmark = pytest.mark.kubernetes
 
-NODES = {"node-a": {"pool": "gpu"}, "node-b": {"pool": "gpu"}, "node-c": {}}
-API = "/apis/preheat.dev/v1alpha1/namespaces/default"
+NS = "k8s-operator"
+NODES = {"op-a": {"pool": "gpu"}, "op-b": {"pool": "gpu"}, "op-c": {}}
+API = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}"
 MODEL_BYTES = 2_000_000
 TOKEN = "operator-test-admin-token"
-T = TypeVar("T")
-
-
-def _until(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            out = fn()
-            if out:
-                return out
-            last = out
-        except (OSError, RuntimeError, KeyError, IndexError) as exc:
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout:g} s (last: {last!r})")
 
 
 class CountingOrigin:
@@ -137,9 +117,9 @@ class World:
         return {}
 
     def pods(self) -> list[dict[str, Any]]:
-        items = self.get(
-            "/api/v1/namespaces/default/pods?labelSelector=preheat.dev/endpoint%3Dchat"
-        )["items"]
+        items = self.get(f"/api/v1/namespaces/{NS}/pods?labelSelector=preheat.dev/endpoint%3Dchat")[
+            "items"
+        ]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def ready_pods(self) -> list[dict[str, Any]]:
@@ -156,7 +136,7 @@ class World:
         )  # fmt: skip
 
     def events(self, reason: str) -> list[dict[str, Any]]:
-        items = self.get("/api/v1/namespaces/default/events")["items"]
+        items = self.get(f"/api/v1/namespaces/{NS}/events")["items"]
         return [e for e in items if e.get("reason") == reason]
 
     def complete(self, prompt: str) -> tuple[int, str]:
@@ -173,11 +153,6 @@ class World:
             return exc.code, exc.read().decode(errors="replace")[:200]
         except OSError as exc:
             return 0, str(exc)
-
-
-def _sa_kubeconfig(kube: KubeCluster, path: Path, namespace: str, name: str) -> Path:
-    token = kube.service_account_token(namespace, name)
-    return write_kubeconfig(path, server=kube.server, ca_file=kube.ca_file, token=token, user=name)
 
 
 def _preheat() -> str:
@@ -206,16 +181,13 @@ def _endpoint_body(world: World, model: str, replicas: int, **extra: Any) -> dic
         origin="test",
     )
     pod = PodOverrides(resources={"requests": {"cpu": "3"}})
-    return endpoint_object(spec, namespace="default", pod=pod)
+    return endpoint_object(spec, namespace=NS, pod=pod)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """The cluster, origin, agents, operator and router of this module (stopped by PID)."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """This module's share of the session cluster (namespace k8s-operator), origin,
+    agents, operator and router (processes stopped by PID, objects removed by the share)."""
     base = tmp_path_factory.mktemp("k8s-operator")
     for name, seed in (("v1", 11), ("v2", 12)):
         generate_model(base / "origin" / name, MODEL_BYTES, shards=2, seed=seed)
@@ -223,7 +195,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     # 400 KB/s per connection: a fill takes a few seconds, so the gate is seen closed.
     with (
         nginx_origin(base / "origin", limit_rate=400_000) as nginx,
-        kube_cluster(base / "kube", crds=True, bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS]) as kube,
     ):
         counting = CountingOrigin(nginx.url(""))
         with counting.app:
@@ -260,11 +232,11 @@ def _start(world: World) -> None:
     spec = parse_endpoint({"name": "chat", "model": {"source": world.models["v1"][0]}}, origin="t")
     router_rbac = [
         o
-        for o in endpoint_manifests(spec)
+        for o in endpoint_manifests(spec, namespace=NS)
         if o["kind"] in {"ServiceAccount", "Role", "RoleBinding"}
     ]
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac + router_rbac))
-    agent_conf = _sa_kubeconfig(kube, base / "agent.kubeconfig", "preheat-system", "preheat-agent")
+    agent_conf = kube.sa_kubeconfig(base / "agent.kubeconfig", "preheat-system", "preheat-agent")
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     for name in NODES:
         store = kube.root / "nodes" / name / "var/lib/preheat/store"
@@ -274,16 +246,14 @@ def _start(world: World) -> None:
              str(agent_conf), "--metrics-port", str(port), "--resync", "1", "--backoff", "0.3"],
             base / f"agent-{name}.log", env=env, inherit_env=False,
         )  # fmt: skip
-    op_conf = _sa_kubeconfig(
-        kube, base / "operator.kubeconfig", "preheat-system", "preheat-operator"
-    )
+    op_conf = kube.sa_kubeconfig(base / "operator.kubeconfig", "preheat-system", "preheat-operator")
     world.operator_port = free_port()
     world.operator = start_process(
-        [_preheat(), "operator", "--kubeconfig", str(op_conf), "--namespace", "default",
+        [_preheat(), "operator", "--kubeconfig", str(op_conf), "--namespace", NS,
          "--metrics-port", str(world.operator_port), "--rollout-deadline", "40", "--tick", "1"],
         base / "operator.log", env=env, inherit_env=False,
     )  # fmt: skip
-    _until("operator /metrics", lambda: _metrics(world), timeout=30)
+    until("operator /metrics", lambda: _metrics(world), timeout=30)
 
 
 def _metrics(world: World) -> str:
@@ -295,9 +265,7 @@ def _metrics(world: World) -> str:
 
 
 def _start_router(world: World) -> None:
-    conf = _sa_kubeconfig(
-        world.kube, world.base / "router.kubeconfig", "default", "preheat-router-chat"
-    )
+    conf = world.kube.sa_kubeconfig(world.base / "router.kubeconfig", NS, "preheat-router-chat")
     world.router_port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
@@ -306,7 +274,7 @@ def _start_router(world: World) -> None:
     }
     world.agents["router"] = start_process(
         [_preheat(), "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace",
-         "default", "--kubeconfig", str(conf), "--port", str(world.router_port),
+         NS, "--kubeconfig", str(conf), "--port", str(world.router_port),
          "--health-interval", "0.5"],
         world.base / "router.log", env=env, inherit_env=False,
     )  # fmt: skip
@@ -335,15 +303,13 @@ def test_first_deploy_waits_for_min_ready_nodes_then_lands_on_warm_nodes(world: 
     _url, rev, digest = world.models["v1"]
     t0 = time.monotonic()
     world.kube.rest().must("POST", f"{API}/inferenceendpoints", _endpoint_body(world, "v1", 2))
-    cache = _until("the ModelDataCache", lambda: world.get(f"{API}/modeldatacaches")["items"], 30)[
-        0
-    ]
+    cache = until("the ModelDataCache", lambda: world.get(f"{API}/modeldatacaches")["items"], 30)[0]
     assert cache["spec"]["revision"] == rev and cache["spec"]["nodes"] == {
         "selector": {"pool": "gpu"}
     }
     assert cache["metadata"]["ownerReferences"][0]["name"] == "chat"
     # The fill takes seconds (rate-limited origin): the gate is seen closed.
-    gated = _until(
+    gated = until(
         "CacheReady=False while the nodes fill",
         lambda: (
             world.condition(world.endpoint(), "CacheReady").get("reason") == "WaitingForNodes"
@@ -351,22 +317,22 @@ def test_first_deploy_waits_for_min_ready_nodes_then_lands_on_warm_nodes(world: 
         ),
         30,
     )
-    assert world.call("GET", "/apis/apps/v1/namespaces/default/deployments/chat-main")[0] == 404
+    assert world.call("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/chat-main")[0] == 404
     assert world.condition(gated, "Ready")["status"] == "False"
-    dep = _until(
+    dep = until(
         "the Deployment",
         lambda: (
-            world.call("GET", "/apis/apps/v1/namespaces/default/deployments/chat-main")[1]
-            if world.call("GET", "/apis/apps/v1/namespaces/default/deployments/chat-main")[0] == 200
+            world.call("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/chat-main")[1]
+            if world.call("GET", f"/apis/apps/v1/namespaces/{NS}/deployments/chat-main")[0] == 200
             else None
         ),
         60,
     )
     # When it appeared, both target nodes held the revision (the agents' labels and status).
     label = revision_label(digest)
-    for node in ("node-a", "node-b"):
+    for node in ("op-a", "op-b"):
         assert world.get(f"/api/v1/nodes/{node}")["metadata"]["labels"].get(label) == "true"
-    assert label not in world.get("/api/v1/nodes/node-c")["metadata"]["labels"]
+    assert label not in world.get("/api/v1/nodes/op-c")["metadata"]["labels"]
     tpl = dep["spec"]["template"]
     assert tpl["metadata"]["annotations"]["preheat.dev/snapshot"] == digest
     pref = tpl["spec"]["affinity"]["nodeAffinity"]
@@ -377,7 +343,7 @@ def test_first_deploy_waits_for_min_ready_nodes_then_lands_on_warm_nodes(world: 
         ][0]["key"]
         == label
     )
-    ep = _until(
+    ep = until(
         "Ready=True",
         lambda: (
             world.condition(world.endpoint(), "Ready").get("status") == "True" and world.endpoint()
@@ -389,7 +355,7 @@ def test_first_deploy_waits_for_min_ready_nodes_then_lands_on_warm_nodes(world: 
     assert ep["status"]["warmNodes"] == 2 and ep["status"]["readyReplicas"] == 2
     assert world.condition(ep, "Ready")["observedGeneration"] == ep["metadata"]["generation"]
     pods = world.ready_pods()
-    assert sorted(p["spec"]["nodeName"] for p in pods) == ["node-a", "node-b"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["op-a", "op-b"]
     world.numbers["warm_pod_ready_s"] = [_pod_ready_seconds(p) for p in pods]
     mdc = world.get(f"{API}/modeldatacaches/{cache['metadata']['name']}")
     assert mdc["status"]["readyNodes"] == 2
@@ -398,23 +364,25 @@ def test_first_deploy_waits_for_min_ready_nodes_then_lands_on_warm_nodes(world: 
     world.numbers["origin_bytes_after_first_deploy"] = world.origin.bytes
     # The two warm nodes fetched the model once each; the pods fetched nothing.
     assert world.origin.bytes <= 2 * MODEL_BYTES + 20_000
-    out = world.kube.kubectl("get", "inferenceendpoints,modeldatacaches,nodecaches").stdout
+    out = world.kube.kubectl(
+        "get", "-n", NS, "inferenceendpoints,modeldatacaches,nodecaches"
+    ).stdout
     assert "chat" in out and "True" in out
 
 
 def test_scale_out_past_warm_nodes_starts_a_cold_pod_from_the_origin(world: World) -> None:
-    """A third replica lands on the cold node-c; its init container pulls from the origin
+    """A third replica lands on the cold op-c; its init container pulls from the origin
     (counted there) and it becomes Ready, more slowly than the warm ones."""
     before = world.origin.bytes
     world.patch_endpoint({"spec": _endpoint_body(world, "v1", 3)["spec"]})
-    _until("3 ready pods", lambda: len(world.ready_pods()) == 3 or None, 90)
-    cold = [p for p in world.ready_pods() if p["spec"]["nodeName"] == "node-c"]
+    until("3 ready pods", lambda: len(world.ready_pods()) == 3 or None, 90)
+    cold = [p for p in world.ready_pods() if p["spec"]["nodeName"] == "op-c"]
     assert len(cold) == 1
     fetched = world.origin.bytes - before
     assert MODEL_BYTES <= fetched <= MODEL_BYTES + 20_000
     world.numbers["cold_pod_origin_bytes"] = fetched
     world.numbers["cold_pod_ready_s"] = _pod_ready_seconds(cold[0])
-    ep = _until(
+    ep = until(
         "Ready=True at 3",
         lambda: (
             world.condition(world.endpoint(), "Ready").get("status") == "True" and world.endpoint()
@@ -424,7 +392,7 @@ def test_scale_out_past_warm_nodes_starts_a_cold_pod_from_the_origin(world: Worl
     assert ep["status"]["readyReplicas"] == 3
     # The operator's /metrics carries every pod start as local mode counts them: the warm
     # pods' weights were a cache hit, the cold pod's a miss.
-    _until(
+    until(
         "start records on the operator's /metrics",
         lambda: (
             (
@@ -439,7 +407,7 @@ def test_scale_out_past_warm_nodes_starts_a_cold_pod_from_the_origin(world: Worl
 
 
 def _deployment(world: World) -> dict[str, Any]:
-    return dict(world.get("/apis/apps/v1/namespaces/default/deployments/chat-main"))
+    return dict(world.get(f"/apis/apps/v1/namespaces/{NS}/deployments/chat-main"))
 
 
 def _versions(pods: list[dict[str, Any]]) -> set[str]:
@@ -451,7 +419,7 @@ def test_requests_through_the_router_reach_the_pods_with_prefix_aware_routing(wo
     prompt keeps going to one pod (prefix-aware)."""
     _start_router(world)
     urls = {f"http://{p['status']['podIP']}:8000" for p in world.ready_pods()}
-    _until("the router lists the 3 pods", lambda: set(_router_instances(world)) == urls, 60)
+    until("the router lists the 3 pods", lambda: set(_router_instances(world)) == urls, 60)
     seen: dict[str, set[str]] = {}
     for i in range(12):
         prompt = f"prompt-{i % 3} " + "shared context " * 200
@@ -470,7 +438,7 @@ def test_version_change_warms_first_rolls_without_a_failed_request_then_drops_th
     _, v1, _ = world.models["v1"]
     _, v2, v2_digest = world.models["v2"]
     world.patch_endpoint({"spec": _endpoint_body(world, "v1", 2)["spec"]})
-    _until("2 pods", lambda: len(world.pods()) == 2 and len(world.ready_pods()) == 2, 60)
+    until("2 pods", lambda: len(world.pods()) == 2 and len(world.ready_pods()) == 2, 60)
     results: list[int] = []
     stop = threading.Event()
 
@@ -488,12 +456,12 @@ def test_version_change_warms_first_rolls_without_a_failed_request_then_drops_th
         def caches() -> set[str]:
             return {c["spec"]["revision"] for c in world.get(f"{API}/modeldatacaches")["items"]}
 
-        _until("the v2 cache", lambda: v2 in caches(), 30)
+        until("the v2 cache", lambda: v2 in caches(), 30)
         # No v2 pod before the v2 gate opened: the Deployment still runs v1 while it fills.
         first = _deployment(world)["spec"]["template"]["metadata"]["annotations"]
         if world.condition(world.endpoint(), "CacheReady").get("status") == "False":
             assert first["preheat.dev/revision"] == v1
-        _until(
+        until(
             "every pod runs v2 and Ready",
             lambda: (
                 len(world.ready_pods()) == 2
@@ -504,7 +472,7 @@ def test_version_change_warms_first_rolls_without_a_failed_request_then_drops_th
             ),
             120,
         )
-        _until("the v1 cache is deleted", lambda: v1 not in caches(), 60)
+        until("the v1 cache is deleted", lambda: v1 not in caches(), 60)
     finally:
         stop.set()
         thread.join(30)
@@ -512,8 +480,7 @@ def test_version_change_warms_first_rolls_without_a_failed_request_then_drops_th
     world.numbers["rollout_requests"] = len(results)
     label = revision_label(v2_digest)
     assert all(
-        world.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(label)
-        for n in ("node-a", "node-b")
+        world.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(label) for n in ("op-a", "op-b")
     )
     assert world.events("RolloutFinished") and world.events("CacheDeleted")
     ep = world.endpoint()
@@ -530,7 +497,7 @@ def test_a_rollout_that_never_becomes_ready_rolls_back_and_says_degraded(world: 
         v["engine"] = broken
     body["engine"] = {"simulated": None, **broken}  # merge patch: drop the old engine
     world.patch_endpoint({"spec": body})
-    ep = _until(
+    ep = until(
         "Degraded=True",
         lambda: (
             world.condition(world.endpoint(), "Degraded").get("status") == "True"
@@ -540,7 +507,7 @@ def test_a_rollout_that_never_becomes_ready_rolls_back_and_says_degraded(world: 
     )
     assert world.condition(ep, "Degraded")["reason"] == "RolloutFailed"
     assert world.events("RolledBack")
-    _until(
+    until(
         "the Deployment is back on the stable version",
         lambda: (
             _deployment(world)["spec"]["template"]["metadata"]["annotations"]["preheat.dev/version"]
@@ -548,7 +515,7 @@ def test_a_rollout_that_never_becomes_ready_rolls_back_and_says_degraded(world: 
         ),
         30,
     )
-    _until(
+    until(
         "2 stable pods ready",
         lambda: _versions(world.ready_pods()) == {stable} and len(world.ready_pods()) == 2,
         60,
@@ -567,7 +534,7 @@ def test_a_lost_node_s_pod_is_replaced_and_the_node_comes_back_warm(world: World
     assert candidates, (with_pods, warm)
     lost = candidates[0]
     world.kube.kubectl("delete", "node", lost, "--wait=false")
-    _until(
+    until(
         f"2 ready pods, none on {lost}",
         lambda: (
             len(world.ready_pods()) == 2
@@ -578,12 +545,12 @@ def test_a_lost_node_s_pod_is_replaced_and_the_node_comes_back_warm(world: World
     assert world.events("PodReplaced")
     world.kube.stop_node(lost)
     world.kube.add_node(lost, labels=NODES[lost], cpu="4")
-    _until(
+    until(
         f"{lost} labelled again",
         lambda: world.get(f"/api/v1/nodes/{lost}")["metadata"]["labels"].get(label),
         60,
     )
-    _until(
+    until(
         "as many warm nodes as before",
         lambda: world.endpoint()["status"].get("warmNodes") == len(warm),
         30,
@@ -599,12 +566,12 @@ def test_deleting_the_endpoint_leaves_no_orphan(world: World) -> None:
     def gone() -> bool:
         return (
             world.call("GET", f"{API}/inferenceendpoints/chat")[0] == 404
-            and not world.get(f"/apis/apps/v1/namespaces/default/deployments?{sel}")["items"]
-            and not world.get(f"/apis/apps/v1/namespaces/default/replicasets?{sel}")["items"]
-            and not world.get(f"/api/v1/namespaces/default/services?{sel}")["items"]
+            and not world.get(f"/apis/apps/v1/namespaces/{NS}/deployments?{sel}")["items"]
+            and not world.get(f"/apis/apps/v1/namespaces/{NS}/replicasets?{sel}")["items"]
+            and not world.get(f"/api/v1/namespaces/{NS}/services?{sel}")["items"]
             and not world.get(f"{API}/modeldatacaches")["items"]
-            and not world.get(f"/api/v1/namespaces/default/pods?{sel}")["items"]
+            and not world.get(f"/api/v1/namespaces/{NS}/pods?{sel}")["items"]
         )
 
-    _until("nothing of the endpoint left", gone, 90)
+    until("nothing of the endpoint left", gone, 90)
     assert "preheat_operator_actions_total" in _metrics(world)

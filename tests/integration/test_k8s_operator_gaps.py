@@ -35,13 +35,14 @@ from preheat.runtime.kubernetes.resources import endpoint_object
 from preheat.runtime.kubernetes.workload import REVISION_ANNOTATION
 from preheat.runtime.procs import start_process
 from preheat.runtime.reconcile import ReconcileLoop
-from preheat.testing.kube import KubeCluster, KubeUnavailable, find_kube_bin, kube_cluster
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
 from preheat.testing.origins import nginx_origin
 from preheat.testing.procs import free_port
 
 pytestmark = pytest.mark.kubernetes
 
-NS = "default"
+NS = "k8s-gaps"
 API = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}"
 APPS = f"/apis/apps/v1/namespaces/{NS}"
 
@@ -113,20 +114,17 @@ def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """The cluster (no kubelet), two Node objects and an HTTP model origin."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """This module's share of the session cluster (namespace k8s-gaps), two Node objects
+    without a kubelet, and an HTTP model origin."""
     base: Path = tmp_path_factory.mktemp("k8s-gaps")
     generate_model(base / "origin" / "m", 200_000, shards=1, seed=3)
     write_http_manifest(base / "origin" / "m")
     with (
         nginx_origin(base / "origin") as nginx,
-        kube_cluster(base / "kube", crds=True, bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS]) as kube,
     ):
-        for name in ("node-a", "node-b"):
+        for name in ("gap-a", "gap-b"):
             kube.rest().must("POST", "/api/v1/nodes", _node(name, {"pool": "gpu"}))
         api = kube_config.new_client_from_config(str(kube.kubeconfig))
         try:
@@ -213,7 +211,7 @@ def test_a_restarted_operator_changes_nothing_and_creates_no_duplicates(world: W
 def test_a_not_ready_node_is_treated_as_lost(world: World) -> None:
     """A Node whose Ready condition turns Unknown (still present) is down for the planner."""
     executor, _ = world.executor("gated")
-    for name, ready in (("node-a", "True"), ("node-b", "Unknown")):
+    for name, ready in (("gap-a", "True"), ("gap-b", "Unknown")):
         node = world.get(f"/api/v1/nodes/{name}")
         node["status"]["conditions"] = _node(name, {})["status"]["conditions"]
         node["status"]["conditions"][0]["status"] = ready
@@ -225,7 +223,7 @@ def test_a_not_ready_node_is_treated_as_lost(world: World) -> None:
     observed = asyncio.run(observe())
     assert observed is not None
     up = {n.name: n.up for n in observed[1].nodes}
-    assert up == {"node-a": True, "node-b": False}
+    assert up == {"gap-a": True, "gap-b": False}
 
 
 def test_the_rendered_hpa_is_accepted_by_the_api_server(world: World) -> None:

@@ -11,7 +11,6 @@ byte it sends. What is checked: bytes at the origin, NodeCache status (`peer`,
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -27,22 +26,19 @@ import yaml
 
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.runtime.kubernetes.render import system_manifests
-from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
-from preheat.testing.kube import (
-    KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    kube_cluster,
-    write_kubeconfig,
-)
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
+from preheat.testing.kubewait import until
 from preheat.testing.origins import HttpOrigin, nginx_origin, origin_bytes_sent
 from preheat.testing.procs import free_port
-from tests.integration.test_k8s_agent import MDC, Agent, _create_cache, _nodecache, _until
+from tests.integration.test_k8s_agent import Agent, _create_cache, _nodecache
 
 pytestmark = pytest.mark.kubernetes
 
-NODES = ("node-a", "node-b", "node-c")
+NS = "k8s-peers"
+NODES = ("peer-a", "peer-b", "peer-c")
+MDC = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/modeldatacaches"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/preheat-system/leases"
 SETTINGS = "/api/v1/namespaces/preheat-system/configmaps/preheat-settings"
 SIZE_1 = 40_000_000  # 2 shards of 20 MB: 2 pieces of 16 MiB each
@@ -57,17 +53,11 @@ class PeerAgent(Agent):
         self.token_file = token
         self.peer_port = free_port()
 
-    def start(self) -> None:
-        exe = Path(sys.executable).parent / "preheat"
-        argv = [
-            str(exe), "agent", "--node", self.node, "--store", str(self.store),
-            "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.port),
-            "--resync", "1", "--backoff", "0.3", "--peer-port", str(self.peer_port),
+    def argv(self) -> list[str]:
+        return [
+            *super().argv(), "--peer-port", str(self.peer_port),
             "--peer-token-file", str(self.token_file), "--lease-seconds", "3",
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        self.proc = start_process(argv, self.log, env=env, inherit_env=False)
-        _until(f"agent {self.node} serving", lambda: self.get("/inventory"))
 
     @property
     def peer_url(self) -> str:
@@ -85,13 +75,10 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """The control plane, the rendered agent RBAC and settings (concurrentFills 1), two
-    models behind nginx, a token file, and one peer-serving agent per node."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """This module's share of the session cluster (namespace k8s-peers, three nodes), the
+    rendered agent RBAC and settings (concurrentFills 1), two models behind nginx, a token
+    file, and one peer-serving agent per node."""
     base = tmp_path_factory.mktemp("k8s-peers")
     for name, size in (("m1", SIZE_1), ("m2", SIZE_2)):
         generate_model(base / "origin" / name, size, shards=2, seed=len(name) + size % 7)
@@ -101,9 +88,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     token_file.write_text(token + "\n")
     log = base / "access.log"
     with (
-        kube_cluster(
-            base / "kube", nodes={n: {} for n in NODES}, crds=True, bin_dir=bin_dir
-        ) as kube,
+        kube_share(kube_session, namespaces=[NS], nodes={n: {} for n in NODES}) as kube,
         nginx_origin(base / "origin", access_log=log) as origin,
     ):
         system = [
@@ -117,11 +102,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ]
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(system))
         _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
-        sa = kube.service_account_token("preheat-system", "preheat-agent")
-        conf = write_kubeconfig(
-            base / "agent.kubeconfig", server=kube.server, ca_file=kube.ca_file, token=sa,
-            user="preheat-agent",
-        )  # fmt: skip
+        conf = kube.sa_kubeconfig(base / "agent.kubeconfig", "preheat-system", "preheat-agent")
         agents = {
             n: PeerAgent(n, base / n / "store", conf, base / f"{n}.log", token_file) for n in NODES
         }
@@ -171,10 +152,10 @@ def test_three_agents_fetch_one_copy_from_the_origin_and_the_rest_from_peers(
     kube.rest().must("POST", LEASES, ghost)
     sent_before = origin_bytes_sent(world.access_log)
     revision, manifest = NodeStore(world.access_log.parent / "probe").resolve(world.urls["m1"])
-    _create_cache(kube, "m1", world.urls["m1"], revision, list(NODES))
+    _create_cache(kube, "m1", world.urls["m1"], revision, list(NODES), namespace=NS)
     for n in NODES:
-        _until(f"{n} Ready", lambda n=n: _ready(kube, n, revision), timeout=90)
-        _until(f"{n} warm-up recorded", lambda n=n: _warmups(kube, n, revision), timeout=30)
+        until(f"{n} Ready", lambda n=n: _ready(kube, n, revision), timeout=90)
+        until(f"{n} warm-up recorded", lambda n=n: _warmups(kube, n, revision), timeout=30)
     size = sum(f.size for f in manifest.files)
     sent = origin_bytes_sent(world.access_log) - sent_before
     assert sent <= 1.10 * size, f"origin sent {sent} bytes for a {size}-byte model"
@@ -206,37 +187,37 @@ def test_three_agents_fetch_one_copy_from_the_origin_and_the_rest_from_peers(
 
 
 def test_an_agent_killed_mid_serve_costs_a_retry_not_a_failed_warm_up(world: World) -> None:
-    """node-c warms a 32 MB revision from node-a and node-b at 8 MB/s (origin.bandwidth, the node link);
-    node-a is SIGKILLed while node-c is part-way: node-c still ends Ready with every byte
-    verified, no failed warm-up, and its bytes from peers (and the origin for what node-a
+    """peer-c warms a 32 MB revision from peer-a and peer-b at 8 MB/s (origin.bandwidth, the node link);
+    peer-a is SIGKILLed while peer-c is part-way: peer-c still ends Ready with every byte
+    verified, no failed warm-up, and its bytes from peers (and the origin for what peer-a
     did not deliver)."""
-    kube, a = world.kube, world.agents["node-a"]
+    kube, a = world.kube, world.agents["peer-a"]
     revision, manifest = NodeStore(world.access_log.parent / "probe2").resolve(world.urls["m2"])
     size = sum(f.size for f in manifest.files)
-    _create_cache(kube, "m2", world.urls["m2"], revision, ["node-a", "node-b"])
-    for n in ("node-a", "node-b"):
-        _until(f"{n} Ready", lambda n=n: _ready(kube, n, revision), timeout=90)
+    _create_cache(kube, "m2", world.urls["m2"], revision, ["peer-a", "peer-b"], namespace=NS)
+    for n in ("peer-a", "peer-b"):
+        until(f"{n} Ready", lambda n=n: _ready(kube, n, revision), timeout=90)
     _set_settings(kube, {"origin": {"bandwidth": "8MB/s"}})
     patch = {"spec": {"nodes": {"names": list(NODES)}}}
     kube.rest().must("PATCH", f"{MDC}/m2", patch, content_type="application/merge-patch+json")
 
     def filling() -> int | None:
-        for r in (_nodecache(kube, "node-c").get("status") or {}).get("revisions") or ():
+        for r in (_nodecache(kube, "peer-c").get("status") or {}).get("revisions") or ():
             if r["revision"] == revision and r["state"] == "Filling" and r.get("bytes"):
                 return int(r["bytes"])
         return None
 
-    done_at_kill = _until("node-c part-way", filling, timeout=60)
+    done_at_kill = until("peer-c part-way", filling, timeout=60)
     a.kill()
     try:
         assert done_at_kill < size
-        _until("node-c Ready", lambda: _ready(kube, "node-c", revision), timeout=90)
-        rec = _until("node-c recorded", lambda: _warmups(kube, "node-c", revision), timeout=30)
+        until("peer-c Ready", lambda: _ready(kube, "peer-c", revision), timeout=90)
+        rec = until("peer-c recorded", lambda: _warmups(kube, "peer-c", revision), timeout=30)
         assert rec["mode"] == "peer" and sum(rec["bytesFrom"].values()) == size, rec
         assert rec["bytesFrom"]["peer"] > 0
-        print(f"\nk8s peers, node-a killed at {done_at_kill} of {size} B: node-c {rec}")
-        assert world.agents["node-c"].metric('preheat_agent_warmups_total{outcome="failed"}') == 0
-        store = NodeStore(world.agents["node-c"].store)
+        print(f"\nk8s peers, peer-a killed at {done_at_kill} of {size} B: peer-c {rec}")
+        assert world.agents["peer-c"].metric('preheat_agent_warmups_total{outcome="failed"}') == 0
+        store = NodeStore(world.agents["peer-c"].store)
         assert store.verify(quarantine=False).ok
     finally:
         _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
@@ -257,8 +238,8 @@ def test_snapshot_init_on_a_cold_node_fills_from_the_agents_peers(
         str(exe), "snapshot-init", "--store", str(tmp_path / "node-store"),
         "--source", world.urls["m1"], "--revision", revision, "--digest", manifest.digest,
         "--out", str(tmp_path / "pod" / "model"),
-        "--peer-token-file", str(world.agents["node-b"].token_file),
-        "--peer", world.agents["node-b"].peer_url,
+        "--peer-token-file", str(world.agents["peer-b"].token_file),
+        "--peer", world.agents["peer-b"].peer_url,
     ]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -281,8 +262,8 @@ def _peer_get(url: str, headers: dict[str, str]) -> int:
 def test_peer_servers_want_the_token_and_never_show_it(world: World) -> None:
     """An agent's peer server answers 401 without the token or with a wrong one, 200 with
     it; the token is in no agent log and no NodeCache."""
-    kube, b = world.kube, world.agents["node-b"]
-    status = _until("node-b holds a blob", lambda: _ready(kube, "node-b"))
+    kube, b = world.kube, world.agents["peer-b"]
+    status = until("peer-b holds a blob", lambda: _ready(kube, "peer-b"))
     digest = status["peer"]["blobs"][0]
     url = f"{b.peer_url}/blobs/sha256:{digest}/pieces"
     assert _peer_get(url, {}) == 401

@@ -35,13 +35,8 @@ from preheat.runtime.kubernetes.discovery import (
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process
-from preheat.testing.kube import (
-    KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    kube_cluster,
-    write_kubeconfig,
-)
+from preheat.testing.kube import KubeCluster, write_kubeconfig
+from preheat.testing.kubespace import kube_share
 from preheat.testing.procs import Process, free_port
 from tests.integration.test_k8s_cluster import _engine_deployment
 
@@ -49,23 +44,18 @@ pytestmark = pytest.mark.kubernetes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "endpoint.yaml"  # endpoint "chat", prefix_aware, 2048, 8
-NODES = {"node-a": {"pool": "gpu"}, "node-b": {"pool": "gpu"}}
+NS = "k8s-router"
+NODES = {"rtr-a": {"pool": "gpu"}, "rtr-b": {"pool": "gpu"}}
 TOKEN = "router-admin-token-for-tests"
-IE_PATH = "/apis/preheat.dev/v1alpha1/namespaces/default/inferenceendpoints/chat"
+IE_PATH = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/inferenceendpoints/chat"
 SERVICE = variant_service_name("chat", "main")
 
 
 @pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """One control plane with two stand-in nodes and the CRDs (module-scoped: stopped when
-    this module ends, not kept beside test_k8s_cluster's for the rest of the session)."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
-    with kube_cluster(
-        tmp_path_factory.mktemp("kube"), nodes=NODES, crds=True, bin_dir=bin_dir
-    ) as cluster:
+def kube(kube_session: KubeCluster) -> Iterator[KubeCluster]:
+    """This module's share of the session cluster: namespace k8s-router and two stand-in
+    nodes (removed, with all the module made, when it ends)."""
+    with kube_share(kube_session, namespaces=[NS], nodes=NODES) as cluster:
         yield cluster
 
 
@@ -86,14 +76,14 @@ def _engines(kube: KubeCluster, replicas: int) -> list[dict[str, Any]]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": SERVICE, "namespace": "default"},
+        "metadata": {"name": SERVICE, "namespace": NS},
         "spec": {"selector": {"app": "chat"}, "ports": [{"name": "http", "port": 8000}]},
     }
-    return [_engine_deployment("chat", replicas, affinity_label=None), service]
+    return [_engine_deployment("chat", replicas, affinity_label=None, namespace=NS), service]
 
 
 def _ready_pod_urls(kube: KubeCluster) -> set[str]:
-    pods = kube.rest().get("/api/v1/namespaces/default/pods?labelSelector=app=chat")["items"]
+    pods = kube.rest().get(f"/api/v1/namespaces/{NS}/pods?labelSelector=app=chat")["items"]
     out = set()
     for p in pods:
         conds = {c["type"]: c["status"] for c in p["status"].get("conditions") or ()}
@@ -142,17 +132,11 @@ def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     rendered router RBAC, and the router running as that ServiceAccount."""
     spec, pod = load_endpoint_file(EXAMPLE)
     wanted = {"ServiceAccount", "Role", "RoleBinding", "InferenceEndpoint"}
-    objects = [o for o in endpoint_manifests(spec, pod=pod) if o["kind"] in wanted]
+    objects = [o for o in endpoint_manifests(spec, namespace=NS, pod=pod) if o["kind"] in wanted]
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects + _engines(kube, 2)))
     kube.wait_for("2 engine pods Ready", lambda: len(_ready_pod_urls(kube)) == 2, timeout=60)
     tmp = tmp_path_factory.mktemp("router")
-    kubeconfig = write_kubeconfig(
-        tmp / "router.kubeconfig",
-        server=kube.server,
-        ca_file=kube.ca_file,
-        token=kube.service_account_token("default", "preheat-router-chat"),
-        user="preheat-router-chat",
-    )
+    kubeconfig = kube.sa_kubeconfig(tmp / "router.kubeconfig", NS, "preheat-router-chat")
     port = free_port()
     log = tmp / "router.log"
     env = {
@@ -169,7 +153,7 @@ def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "--endpoint",
             "chat",
             "--namespace",
-            "default",
+            NS,
             "--kubeconfig",
             str(kubeconfig),
             "--port",
@@ -195,7 +179,7 @@ def router(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield rp
     finally:
         proc.stop()
-        kube.kubectl("delete", "deployment/chat", f"service/{SERVICE}", "--wait=false")
+        kube.kubectl("delete", "-n", NS, "deployment/chat", f"service/{SERVICE}", "--wait=false")
 
 
 def _set_routing(kube: KubeCluster, rp: RouterProc, **routing: Any) -> dict[str, Any]:
@@ -281,7 +265,7 @@ def test_a_pod_failing_readiness_is_drained_then_taken_back(
     """A pod whose process is frozen (SIGSTOP) fails its readiness probe: its EndpointSlice
     entry turns not ready and the router drains it (kept, sent nothing new); resumed, it is
     ready again and the router routes to it again."""
-    pods = kube.rest().get("/api/v1/namespaces/default/pods?labelSelector=app=chat")["items"]
+    pods = kube.rest().get(f"/api/v1/namespaces/{NS}/pods?labelSelector=app=chat")["items"]
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     pod = live[0]
     url = f"http://{pod['status']['podIP']}:8000"
@@ -324,7 +308,7 @@ def test_scaling_adds_and_removes_instances_without_a_failed_request(
         t.start()
     try:
         two = set(router.instances())
-        kube.kubectl("scale", "deployment/chat", "--replicas=3")
+        kube.kubectl("scale", "-n", NS, "deployment/chat", "--replicas=3")
 
         def third_serves() -> str | None:
             new = set(router.instances()) - two
@@ -334,7 +318,7 @@ def test_scaling_adds_and_removes_instances_without_a_failed_request(
             return None
 
         added = kube.wait_for("the third pod is an instance and gets traffic", third_serves, 40)
-        kube.kubectl("scale", "deployment/chat", "--replicas=1")
+        kube.kubectl("scale", "-n", NS, "deployment/chat", "--replicas=1")
 
         def one_left() -> set[str] | None:
             now = set(router.instances())
@@ -364,10 +348,10 @@ def test_a_variant_added_to_the_spec_gets_its_services_pods(
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": canary, "namespace": "default"},
+        "metadata": {"name": canary, "namespace": NS},
         "spec": {"selector": {"app": canary}, "ports": [{"name": "http", "port": 8000}]},
     }
-    deployment = _engine_deployment(canary, 1, affinity_label=None)
+    deployment = _engine_deployment(canary, 1, affinity_label=None, namespace=NS)
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([deployment, service]))
     stored = kube.rest().get(IE_PATH)["spec"]["variants"]
     try:
@@ -383,7 +367,7 @@ def test_a_variant_added_to_the_spec_gets_its_services_pods(
             return got or None
 
         (url,) = kube.wait_for("the canary variant has its pod", canary_instances, timeout=45)
-        pods = kube.rest().get(f"/api/v1/namespaces/default/pods?labelSelector=app={canary}")
+        pods = kube.rest().get(f"/api/v1/namespaces/{NS}/pods?labelSelector=app={canary}")
         assert url == f"http://{pods['items'][0]['status']['podIP']}:8000"
         req = urllib.request.Request(
             router.url + "/v1/completions",
@@ -397,7 +381,9 @@ def test_a_variant_added_to_the_spec_gets_its_services_pods(
             "PATCH", IE_PATH, {"spec": {"variants": stored}},
             content_type="application/merge-patch+json",
         )  # fmt: skip
-        kube.kubectl("delete", f"deployment/{canary}", f"service/{canary}", "--wait=false")
+        kube.kubectl(
+            "delete", "-n", NS, f"deployment/{canary}", f"service/{canary}", "--wait=false"
+        )
     kube.wait_for(
         "the canary variant is gone",
         lambda: [v["name"] for v in router.config()["variants"]] == ["main"],
@@ -460,12 +446,12 @@ def test_unknown_endpoint_fails_naming_it_and_the_namespace(
     """--endpoint that does not exist: exit 2 before listening, the message names the
     endpoint and the namespace."""
     out = _preheat(
-        "router", "serve", "--kubernetes", "--endpoint", "nope", "--namespace", "default",
+        "router", "serve", "--kubernetes", "--endpoint", "nope", "--namespace", NS,
         "--kubeconfig", str(kube.kubeconfig), "--port", str(free_port()),
         check=False,
     )  # fmt: skip
     assert out.returncode == 2, out
-    assert "InferenceEndpoint 'nope' in namespace 'default' not found" in out.stderr
+    assert f"InferenceEndpoint 'nope' in namespace '{NS}' not found" in out.stderr
 
 
 def test_credentials_without_the_router_role_are_refused_clearly(
@@ -473,22 +459,16 @@ def test_credentials_without_the_router_role_are_refused_clearly(
 ) -> None:
     """A ServiceAccount not bound to the router Role gets a 403 from the API server; the
     router exits 2 naming the endpoint, the namespace and the fix (bind the Role)."""
-    kube.kubectl("create", "serviceaccount", "nobody")
-    kubeconfig = write_kubeconfig(
-        tmp_path / "nobody.kubeconfig",
-        server=kube.server,
-        ca_file=kube.ca_file,
-        token=kube.service_account_token("default", "nobody"),
-        user="nobody",
-    )
+    kube.kubectl("create", "serviceaccount", "nobody", "-n", NS)
+    kubeconfig = kube.sa_kubeconfig(tmp_path / "nobody.kubeconfig", NS, "nobody")
     out = _preheat(
-        "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", "default",
+        "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace", NS,
         "--kubeconfig", str(kubeconfig), "--port", str(free_port()),
         check=False,
     )  # fmt: skip
     assert out.returncode == 2, out
-    assert "reading InferenceEndpoint 'chat' in namespace 'default' was refused (403" in out.stderr
-    assert "Role" in out.stderr and kube.service_account_token("default", "nobody") not in (
+    assert f"reading InferenceEndpoint 'chat' in namespace '{NS}' was refused (403" in out.stderr
+    assert "Role" in out.stderr and kube.service_account_token(NS, "nobody") not in (
         out.stderr + out.stdout
     )
 
@@ -553,7 +533,7 @@ def test_discovered_kv_event_ports_are_subscribed(kube: KubeCluster, router: Rou
 
     with config.new_client_from_config(config_file=str(kube.kubeconfig)) as api:
         version = discovery_version(api)
-    base = f"/apis/discovery.k8s.io/{version}/namespaces/default/endpointslices"
+    base = f"/apis/discovery.k8s.io/{version}/namespaces/{NS}/endpointslices"
     sl = {
         "apiVersion": f"discovery.k8s.io/{version}",
         "kind": "EndpointSlice",

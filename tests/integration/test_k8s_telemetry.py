@@ -3,7 +3,7 @@ real v1.20.2 control plane (one cluster for all three: a cluster boot is most of
 
 Two stand-in nodes, a real `preheat agent` per node (store under the node's
 `/var/lib/preheat/store`, the hostPath the pods mount), a generated 3 MB model behind
-nginx, and a `ModelDataCache` that targets node-a only: node-a is warm, node-b cold. The
+nginx, and a `ModelDataCache` that targets tel-a only: tel-a is warm, tel-b cold. The
 engine pods carry the operator's contract (labels, `preheat.dev/snapshot` and
 `preheat.dev/revision` annotations) and an init container that links the node store's
 snapshot when it is there and otherwise pulls from the origin itself (`preheat cache pull`
@@ -52,24 +52,18 @@ from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
 from preheat.telemetry.events import read_start_records
 from preheat.telemetry.records import EventClass, StartRecord
-from preheat.testing.kube import (
-    KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    forbidden_in,
-    kube_cluster,
-    write_kubeconfig,
-)
+from preheat.testing.kube import KubeCluster, forbidden_in
+from preheat.testing.kubespace import kube_share
 from preheat.testing.origins import nginx_origin
 from preheat.testing.procs import Process, free_port
 
 pytestmark = pytest.mark.kubernetes
 
-
-NODES = {"node-a": {"pool": "gpu"}, "node-b": {}}
+NS = "k8s-telemetry"
+NODES = {"tel-a": {"pool": "gpu"}, "tel-b": {}}
 STORE = "/var/lib/preheat/store"
 NC = "/apis/preheat.dev/v1alpha1/nodecaches"
-MDC = "/apis/preheat.dev/v1alpha1/namespaces/default/modeldatacaches"
+MDC = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/modeldatacaches"
 MODEL_BYTES = 3_000_000
 PREHEAT = str(Path(sys.executable).parent / "preheat")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoint.yaml"  # "chat"
@@ -78,7 +72,7 @@ ADMIN_TOKEN = "telemetry-admin-token-for-tests"
 SERVICE = {
     "apiVersion": "v1",
     "kind": "Service",
-    "metadata": {"name": variant_service_name("chat", "main"), "namespace": "default"},
+    "metadata": {"name": variant_service_name("chat", "main"), "namespace": NS},
     "spec": {
         "selector": {**ENGINE_LABELS, "preheat.dev/endpoint": "chat"},
         "ports": [{"name": "http", "port": 8000}],
@@ -123,19 +117,11 @@ class Agent:
             return str(r.read().decode())
 
 
-def _kubeconfig(kube: KubeCluster, path: Path, sa: str) -> Path:
-    token = kube.service_account_token("preheat-system", sa)
-    return write_kubeconfig(path, server=kube.server, ca_file=kube.ca_file, token=token, user=sa)
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    """The cluster, the rendered operator and agent RBAC, the model, an agent per node, and
-    node-a warmed through a ModelDataCache (node-b is never targeted)."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def env(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """This module's share of the session cluster (namespace k8s-telemetry, two nodes), the
+    rendered operator and agent RBAC, the model, an agent per node, and tel-a warmed
+    through a ModelDataCache (tel-b is never targeted)."""
     tmp = tmp_path_factory.mktemp("telemetry")
     root = tmp / "origin"
     generate_model(root / "m", MODEL_BYTES, shards=2, seed=11)
@@ -145,7 +131,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     )
     with (
         nginx_origin(root) as origin,
-        kube_cluster(tmp / "kube", nodes=NODES, crds=True, bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS], nodes=NODES) as kube,
     ):
         url = origin.url("m/preheat-manifest.json")
         revision, manifest = NodeStore(tmp / "probe").resolve(url)
@@ -153,10 +139,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         spec, pod = load_endpoint_file(EXAMPLE)
         kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                  "RoleBinding", "InferenceEndpoint"}  # fmt: skip
-        rendered = system_manifests() + endpoint_manifests(spec, pod=pod)
+        rendered = system_manifests() + endpoint_manifests(spec, namespace=NS, pod=pod)
         objs = [o for o in rendered if o["kind"] in kinds] + [SERVICE]
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
-        agent_conf = _kubeconfig(kube, tmp / "agent.kubeconfig", "preheat-agent")
+        agent_conf = kube.sa_kubeconfig(tmp / "agent.kubeconfig", "preheat-system", "preheat-agent")
         agents = {
             n: Agent(n, kube.root / "nodes" / n / STORE.lstrip("/"), agent_conf, tmp / f"{n}.log")
             for n in NODES
@@ -166,22 +152,20 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 "apiVersion": "preheat.dev/v1alpha1",
                 "kind": "ModelDataCache",
                 "metadata": {"name": "chat-rev1"},
-                "spec": {"source": url, "revision": revision, "nodes": {"names": ["node-a"]}},
+                "spec": {"source": url, "revision": revision, "nodes": {"names": ["tel-a"]}},
             }
             kube.rest().must("POST", MDC, body)
 
             def warm() -> bool:
-                status, obj = kube.rest().call("GET", f"{NC}/node-a")
+                status, obj = kube.rest().call("GET", f"{NC}/tel-a")
                 revs = (obj or {}).get("status", {}).get("revisions") or () if status == 200 else ()
                 return any(r.get("state") == "Ready" for r in revs)
 
-            kube.wait_for("node-a holds the revision", warm, timeout=60)
-            op_conf = _kubeconfig(kube, tmp / "operator.kubeconfig", "preheat-operator")
-            router_conf = write_kubeconfig(
-                tmp / "router.kubeconfig", server=kube.server, ca_file=kube.ca_file,
-                token=kube.service_account_token("default", "preheat-router-chat"),
-                user="preheat-router-chat",
-            )  # fmt: skip
+            kube.wait_for("tel-a holds the revision", warm, timeout=60)
+            op_conf = kube.sa_kubeconfig(
+                tmp / "operator.kubeconfig", "preheat-system", "preheat-operator"
+            )
+            router_conf = kube.sa_kubeconfig(tmp / "router.kubeconfig", NS, "preheat-router-chat")
             yield Env(kube, model, agents, op_conf, router_conf, agent_conf, tmp)
         finally:
             stops = [threading.Thread(target=a.proc.stop, args=(10,)) for a in agents.values()]
@@ -209,7 +193,7 @@ def engine_pod(name: str, node: str, model: Model) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "namespace": "default",
+            "namespace": NS,
             "labels": {
                 **ENGINE_LABELS,
                 "preheat.dev/endpoint": "chat",
@@ -282,7 +266,7 @@ class Started:
 
 
 def _pod(kube: KubeCluster, name: str) -> dict[str, Any]:
-    return dict(kube.rest().get(f"/api/v1/namespaces/default/pods/{name}"))
+    return dict(kube.rest().get(f"/api/v1/namespaces/{NS}/pods/{name}"))
 
 
 def _records(rec: PodStartRecorder, n: int, kube: KubeCluster) -> list[StartRecord]:
@@ -298,17 +282,19 @@ def started(env: Env) -> Iterator[Started]:
     """The recorder watching (as preheat-operator, probing engines), then a pod on the warm
     node and one on the cold node, both Ready."""
     api, _ = connect(env.operator_kubeconfig)
-    recorder = PodStartRecorder(api, "default", endpoint="chat", probe_engines=True, resync_s=2)
+    recorder = PodStartRecorder(api, NS, endpoint="chat", probe_engines=True, resync_s=2)
     recorder.start()
     try:
-        pods = {"warm": engine_pod("chat-warm", "node-a", env.model),
-                "cold": engine_pod("chat-cold", "node-b", env.model)}  # fmt: skip
+        pods = {"warm": engine_pod("chat-warm", "tel-a", env.model),
+                "cold": engine_pod("chat-cold", "tel-b", env.model)}  # fmt: skip
         env.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(list(pods.values())))
         _records(recorder, 2, env.kube)
         yield Started(recorder, {k: _pod(env.kube, p["metadata"]["name"]) for k, p in pods.items()})
     finally:
         recorder.stop()
-        env.kube.kubectl("delete", "pod", "chat-warm", "chat-cold", "--wait=false", check=False)
+        env.kube.kubectl(
+            "delete", "-n", NS, "pod", "chat-warm", "chat-cold", "--wait=false", check=False
+        )
 
 
 def _by_pod(records: list[StartRecord]) -> dict[tuple[str, int], StartRecord]:
@@ -324,11 +310,11 @@ def test_warm_and_cold_node_pods_give_records_with_their_sources_and_classes(
     recs = _by_pod(started.recorder.snapshot())
     warm, cold = recs[("chat-warm", 0)], recs[("chat-cold", 0)]
     assert (warm.node, warm.weights_source, warm.event_class) == (
-        "node-a", "cache", EventClass.COLD_POD_WARM_NODE,
+        "tel-a", "cache", EventClass.COLD_POD_WARM_NODE,
     )  # fmt: skip
     assert dict(warm.bytes_from) == {"cache": env.model.size}
     assert (cold.node, cold.weights_source, cold.event_class) == (
-        "node-b", "origin", EventClass.NEW_NODE,
+        "tel-b", "origin", EventClass.NEW_NODE,
     )  # fmt: skip
     assert dict(cold.bytes_from) == {"origin": env.model.size}
     for r in (warm, cold):
@@ -345,7 +331,7 @@ def test_warm_and_cold_node_pods_give_records_with_their_sources_and_classes(
         )
         assert in_store is store_side, snap
     # The cold node's agent was never asked for the model: its store is still empty.
-    assert json.loads(env.agents["node-b"].get("/inventory"))["nodes"][0]["snapshots"] == []
+    assert json.loads(env.agents["tel-b"].get("/inventory"))["nodes"][0]["snapshots"] == []
     assert started.recorder.api_errors == 0
 
 
@@ -355,7 +341,7 @@ def test_cli_records_feed_preheat_report_and_count_a_restart(env: Env, started: 
     table names the pods, and `preheat report` reads the file per class."""
     out = env.tmp / "starts.jsonl"
     args = ["k8s", "records", "--kubeconfig", str(env.operator_kubeconfig),
-            "--namespace", "default", "--endpoint", "chat"]  # fmt: skip
+            "--namespace", NS, "--endpoint", "chat"]  # fmt: skip
     runner = CliRunner()
 
     def run(*extra: str) -> str:
@@ -372,7 +358,7 @@ def test_cli_records_feed_preheat_report_and_count_a_restart(env: Env, started: 
         timeout=60,
     )
     assert restart.event_class is EventClass.WARM_RESTART and restart.ok
-    assert restart.node == "node-a" and restart.weights_source == "cache"
+    assert restart.node == "tel-a" and restart.weights_source == "cache"
     # One pass now sees the cold pod's start and the warm pod's restart: one is new.
     assert "2 start records, 1 new" in run("--out", str(out))
     recs = read_start_records(out)
@@ -452,7 +438,7 @@ def router(env: Env, started: Started) -> Iterator[Router]:
     completions through it."""
     port = free_port()
     argv = [PREHEAT, "router", "serve", "--kubernetes", "--endpoint", "chat", "--namespace",
-            "default", "--kubeconfig", str(env.router_kubeconfig), "--port", str(port)]  # fmt: skip
+            NS, "--kubeconfig", str(env.router_kubeconfig), "--port", str(port)]  # fmt: skip
     environ = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     environ |= {"PREHEAT_ADMIN_TOKEN": ADMIN_TOKEN, "PREHEAT_ROUTER_SALT": "a-salt-of-16-bytes+"}
     log = env.tmp / "router.log"
@@ -486,7 +472,7 @@ def recorder_http(env: Env, started: Started) -> Iterator[str]:
     it has recorded the pods' starts."""
     port = free_port()
     argv = [PREHEAT, "k8s", "records", "--kubeconfig", str(env.operator_kubeconfig),
-            "--namespace", "default", "--watch", "120", "--metrics-port", str(port)]  # fmt: skip
+            "--namespace", NS, "--watch", "120", "--metrics-port", str(port)]  # fmt: skip
     environ = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     proc = start_process(argv, env.tmp / "records-watch.log", env=environ, inherit_env=False)
     url = f"http://127.0.0.1:{port}/metrics"
@@ -514,7 +500,7 @@ def test_every_metric_the_dashboard_queries_is_exported(
     queried = _queried()
     engine_ip = _pod(env.kube, "chat-warm")["status"]["podIP"]
     sources = {
-        "agent": env.agents["node-a"].get("/metrics"),
+        "agent": env.agents["tel-a"].get("/metrics"),
         "router": router.metrics,
         "engine": _get(f"http://{engine_ip}:8000/metrics"),
         "recorder": recorder_http,
@@ -553,7 +539,7 @@ def test_dashboard_is_importable_grafana_json() -> None:
 
 AGENT_SA = "system:serviceaccount:preheat-system:preheat-agent"
 OPERATOR_SA = "system:serviceaccount:preheat-system:preheat-operator"
-ROUTER_SA = "system:serviceaccount:default:preheat-router-chat"
+ROUTER_SA = f"system:serviceaccount:{NS}:preheat-router-chat"
 ADAPTER_SA = "system:serviceaccount:preheat-system:preheat-metrics-adapter"
 #: What every authenticated identity may do (system:basic-user): not preheat's to render.
 _BASELINE = {
@@ -603,7 +589,7 @@ def test_the_authorizer_grants_exactly_the_rendered_rules(
     every rendered verb and nothing more (beyond self access reviews); in kube-system the
     namespaced router Role grants nothing, and the metrics adapter gets only the front-proxy
     CA's ConfigMap (the built-in extension-apiserver-authentication-reader Role)."""
-    granted = _granted(env.kube, who, "default")
+    granted = _granted(env.kube, who, NS)
     want = _rendered(rules)
     assert granted == want, f"missing {sorted(want - granted)}, extra {sorted(granted - want)}"
     if who == ROUTER_SA:
@@ -636,14 +622,14 @@ def _refused(env: Env, conf: Path, account: str, *attempts: tuple[str, ...]) -> 
 def test_agents_did_their_job_without_a_403_and_are_refused_outside_their_role(
     env: Env, started: Started
 ) -> None:
-    """Both agents (preheat-agent's token) warmed, wrote NodeCaches, labelled node-a and
+    """Both agents (preheat-agent's token) warmed, wrote NodeCaches, labelled tel-a and
     leased the warm pod's snapshot with no failed API call; that kubeconfig is refused
     deleting a pod, reading Secrets, deleting a NodeCache, creating a ModelDataCache."""
-    node = env.kube.rest().get("/api/v1/nodes/node-a")
+    node = env.kube.rest().get("/api/v1/nodes/tel-a")
     assert any(k.startswith("preheat.dev/rev-") for k in node["metadata"]["labels"])
-    inv = json.loads(env.agents["node-a"].get("/inventory"))["nodes"][0]
+    inv = json.loads(env.agents["tel-a"].get("/inventory"))["nodes"][0]
     assert any(
-        h.startswith("pod:default/chat-warm:") for s in inv["snapshots"] for h in s["leased_by"]
+        h.startswith(f"pod:{NS}/chat-warm:") for s in inv["snapshots"] for h in s["leased_by"]
     )
     for a in env.agents.values():
         metrics = a.get("/metrics")
@@ -653,9 +639,9 @@ def test_agents_did_their_job_without_a_403_and_are_refused_outside_their_role(
         assert not forbidden_in(a.log.read_text())
     _refused(
         env, env.agent_kubeconfig, "preheat-agent",
-        ("delete", "pod", "chat-warm", "-n", "default"),
-        ("get", "secrets", "-n", "default"),
-        ("delete", "nodecache", "node-a"),
+        ("delete", "pod", "chat-warm", "-n", NS),
+        ("get", "secrets", "-n", NS),
+        ("delete", "nodecache", "tel-a"),
     )  # fmt: skip
     cache = {"apiVersion": "preheat.dev/v1alpha1", "kind": "ModelDataCache",
              "metadata": {"name": "stolen"}, "spec": {"source": env.model.url}}  # fmt: skip
@@ -674,9 +660,9 @@ def test_router_did_its_job_without_a_403_and_is_refused_outside_its_role(
     assert not forbidden_in(router.log), router.log
     _refused(
         env, env.router_kubeconfig, "preheat-router-chat",
-        ("get", "pods", "-n", "default"),
+        ("get", "pods", "-n", NS),
         ("get", "endpointslices.discovery.k8s.io", "-n", "kube-system"),
-        ("delete", "inferenceendpoint", "chat", "-n", "default"),
+        ("delete", "inferenceendpoint", "chat", "-n", NS),
     )  # fmt: skip
 
 
@@ -688,9 +674,9 @@ def test_recorder_ran_as_the_operator_and_is_refused_outside_its_role(
     assert started.recorder.api_errors == 0
     _refused(
         env, env.operator_kubeconfig, "preheat-operator",
-        ("delete", "nodecache", "node-a"),  # the agents' object: the operator only reads it
-        ("delete", "node", "node-b"),
-        ("get", "secrets", "-n", "default"),
+        ("delete", "nodecache", "tel-a"),  # the agents' object: the operator only reads it
+        ("delete", "node", "tel-b"),
+        ("get", "secrets", "-n", NS),
     )  # fmt: skip
 
 
@@ -699,7 +685,7 @@ def test_records_with_credentials_outside_the_operator_role_fail_naming_it(env: 
     the refused call, the status and the role to bind, and no traceback."""
     res = CliRunner().invoke(
         cli,
-        ["k8s", "records", "--kubeconfig", str(env.router_kubeconfig), "--namespace", "default"],
+        ["k8s", "records", "--kubeconfig", str(env.router_kubeconfig), "--namespace", NS],
     )
     assert res.exit_code == 2, res.output
     assert "refused list_node (403 Forbidden)" in res.output

@@ -42,6 +42,7 @@ import yaml
 
 from preheat.runtime.kubernetes.crds import custom_resource_definitions
 from preheat.runtime.procs import start_process
+from preheat.testing.kubewait import until
 from preheat.testing.procs import Process, free_port
 
 __all__ = [
@@ -225,6 +226,11 @@ class KubeCluster:
     #: on one machine (parallel test runs) do not hand out the same 127.x.y.z:port.
     ip_base: int = field(default_factory=lambda: 2 + secrets.randbelow(190))
     nodes_added: int = 0
+    #: The second octet each stand-in got, and those freed by :meth:`remove_node` (its
+    #: stand-in and pods are gone), handed out again first: a session-wide cluster whose
+    #: modules add and remove nodes keeps within a few octets.
+    octets: dict[str, int] = field(default_factory=dict)
+    free_octets: list[int] = field(default_factory=list)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -499,6 +505,14 @@ class KubeCluster:
             time.sleep(0.1)
         raise RuntimeError(f"ServiceAccount {namespace}/{name} got no token in {timeout:g} s")
 
+    def sa_kubeconfig(self, path: Path, namespace: str, name: str) -> Path:
+        """Write a kubeconfig at ``path`` that acts as ServiceAccount ``namespace/name``
+        (its token), as the component running under it would in a cluster."""
+        token = self.service_account_token(namespace, name)
+        return write_kubeconfig(
+            path, server=self.server, ca_file=self.ca_file, token=token, user=name
+        )
+
     # --- nodes (the kubelet stand-in) ---------------------------------------------------
 
     def add_node(
@@ -516,8 +530,10 @@ class KubeCluster:
         schedulable (the real node-lifecycle controller removed the not-ready taint)."""
         if name in self.kubelets:
             raise ValueError(f"node {name!r} already has a kubelet stand-in")
-        index = self.nodes_added  # never reused: a stopped node's pods may still hold theirs
-        if self.ip_base + index > 254:
+        # A stopped node's octet is never reused (its pods may still hold their
+        # addresses); a removed node's is (its stand-in ended its pods).
+        octet = self.free_octets.pop(0) if self.free_octets else self.ip_base + self.nodes_added
+        if octet > 254:
             raise ValueError(
                 f"at most {255 - self.ip_base} nodes: each gets the pod addresses 127.<n>.x.y"
             )
@@ -530,7 +546,7 @@ class KubeCluster:
             f"--kubeconfig={self.kubeconfig}",
             f"--node={name}",
             f"--root={node_dir}",
-            f"--ip-prefix=127.{self.ip_base + index}",
+            f"--ip-prefix=127.{octet}",
             f"--cpu={cpu}",
             f"--memory={memory}",
             f"--pods={pods}",
@@ -542,7 +558,9 @@ class KubeCluster:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         daemon = self._spawn(f"kubelet-{name}", argv, env)
         self.kubelets[name] = daemon
-        self.nodes_added += 1
+        if octet == self.ip_base + self.nodes_added:
+            self.nodes_added += 1
+        self.octets[name] = octet
         admin = self.rest()
 
         def ready() -> bool:
@@ -561,17 +579,56 @@ class KubeCluster:
         stays and turns NotReady once its Lease expires, as when a machine dies."""
         daemon = self.kubelets.pop(name)
         daemon.proc.stop(10)
+        self.octets.pop(name, None)  # not reused: the Node and its pods' addresses stay
+
+    def remove_node(self, name: str, timeout: float = 30.0) -> None:
+        """Take a node out of the cluster for good: stop its stand-in (if it still runs),
+        delete the ``Node`` and its heartbeat ``Lease``, and wait until the Node is gone."""
+        daemon = self.kubelets.pop(name, None)
+        if daemon is not None:
+            daemon.proc.stop(10)
+        octet = self.octets.pop(name, None)
+        if octet is not None and daemon is not None and daemon.proc.returncode == 0:
+            self.free_octets.append(octet)  # a clean exit: its pods' processes ended
+        admin = self.rest()
+        for path in (
+            f"/api/v1/nodes/{name}",
+            f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}",
+        ):
+            status, body = admin.call("DELETE", path)
+            if status not in (200, 202, 404):
+                raise RuntimeError(f"DELETE {path} answered {status}: {body}")
+        self.wait_for(
+            f"node {name} deleted",
+            lambda: admin.call("GET", f"/api/v1/nodes/{name}")[0] == 404,
+            timeout,
+        )
+
+    def create_namespace(self, name: str, timeout: float = 60.0) -> None:
+        """Create a namespace and wait until pods can be created in it (1.20's
+        ServiceAccount admission needs its ``default`` ServiceAccount's token Secret).
+        A namespace that already exists is an error: it belongs to someone else."""
+        admin = self.rest()
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        status, out = admin.call("POST", "/api/v1/namespaces", body)
+        if status == 409:
+            raise ValueError(
+                f"namespace {name!r} already exists on the test cluster: give this module "
+                "a namespace of its own (tests/integration/conftest.py)"
+            )
+        if status != 201:
+            raise RuntimeError(f"creating namespace {name} answered {status}: {out}")
+
+        def token() -> bool:
+            code, sa = admin.call("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
+            return code == 200 and bool(sa.get("secrets"))
+
+        self.wait_for(f"namespace {name}'s default ServiceAccount token", token, timeout)
 
     def wait_for(self, what: str, ok: Any, timeout: float = 60.0) -> Any:
-        """Poll ``ok()`` until it returns a truthy value (returned), or raise naming ``what``."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = ok()
-            if last:
-                return last
-            time.sleep(0.2)
-        raise AssertionError(f"{what}: not true within {timeout:g} s (last: {last!r})")
+        """Poll ``ok()`` until it returns a truthy value (returned), or raise naming ``what``
+        (an exception from ``ok`` ends the wait at once)."""
+        return until(what, ok, timeout, not_yet=())
 
 
 @contextlib.contextmanager
