@@ -20,13 +20,14 @@ from preheat.runtime.kubernetes.discovery import discovery_version, variant_serv
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process
-from preheat.testing.kube import KubeUnavailable, find_kube_bin, kube_cluster
+from preheat.testing.kube import KubeCluster
+from preheat.testing.kubespace import kube_share
 from preheat.testing.procs import free_port
 from tests.integration.test_router_faults import RawEngine
 
-# A control plane of its own costs this test 60-110 s on the loaded 2-core CI machine:
-# over the suite's budget, so it runs with the slow scenarios (`pytest -m slow`).
-pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
+pytestmark = pytest.mark.kubernetes
+
+NS = "k8s-rfront"
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "router-front-admin-token"
@@ -49,22 +50,22 @@ def _config(url: str) -> dict[str, Any]:
 
 
 def test_kubernetes_mode_serves_with_the_front_asked_for_and_the_kv_options(
-    tmp_path: Path,
+    kube_session: KubeCluster, tmp_path: Path
 ) -> None:
     """With --front aiohttp the router in Kubernetes mode listens with aiohttp (a request
     with a bad Content-Length gets aiohttp's plain-text 400, not the raw front's JSON),
     routes a completion to the instance of the variant's EndpointSlice, and shows that
     instance's KV-event publisher with the --kv-events-options merged in."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
     with (
-        kube_cluster(tmp_path / "kube", crds=True, bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS]) as kube,
         RawEngine(_answer) as engine,
     ):
         spec, pod = load_endpoint_file(ROOT / "examples" / "endpoint.yaml")
-        (ie,) = [o for o in endpoint_manifests(spec, pod=pod) if o["kind"] == "InferenceEndpoint"]
+        (ie,) = [
+            o
+            for o in endpoint_manifests(spec, namespace=NS, pod=pod)
+            if o["kind"] == "InferenceEndpoint"
+        ]
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(ie))
         from kubernetes import config
 
@@ -72,7 +73,7 @@ def test_kubernetes_mode_serves_with_the_front_asked_for_and_the_kv_options(
             version = discovery_version(api)
         kube.rest().must(
             "POST",
-            f"/apis/discovery.k8s.io/{version}/namespaces/default/endpointslices",
+            f"/apis/discovery.k8s.io/{version}/namespaces/{NS}/endpointslices",
             {
                 "apiVersion": f"discovery.k8s.io/{version}",
                 "kind": "EndpointSlice",
@@ -94,7 +95,7 @@ def test_kubernetes_mode_serves_with_the_front_asked_for_and_the_kv_options(
         proc = start_process(
             [
                 str(Path(sys.executable).parent / "preheat"), "router", "serve", "--kubernetes",
-                "--endpoint", "chat", "--namespace", "default",
+                "--endpoint", "chat", "--namespace", NS,
                 "--kubeconfig", str(kube.kubeconfig), "--port", str(port),
                 "--front", "aiohttp", "--kv-events-options", "hash=sha256_cbor&hash_seed=0",
             ],

@@ -2,13 +2,13 @@
 agents' peers, the kv-event ports of a variant's Service, and an agent that writes
 containerd's hosts.toml.
 
-Two stand-in nodes: node-a (pool=warm) runs one `preheat agent` with peers, the node
-mirror and `--containerd-hosts-dir`; node-b (pool=cold) runs no agent and holds nothing.
+Two stand-in nodes: wire-a (pool=warm) runs one `preheat agent` with peers, the node
+mirror and `--containerd-hosts-dir`; wire-b (pool=cold) runs no agent and holds nothing.
 The operator runs as a real process with the rendered `preheat-operator` ServiceAccount
 (its settings Role included), the `preheat-settings` ConfigMap is the rendered one (peers
-on). The endpoint's pods are pinned to node-b (`pod.nodeSelector`), so its pod is cold; its
+on). The endpoint's pods are pinned to wire-b (`pod.nodeSelector`), so its pod is cold; its
 init container reads NodeCaches as the `default` ServiceAccount bound by the rendered
-`preheat-engine-default-chat` ClusterRoleBinding (the kubelet stand-in mounts no
+`preheat-engine-k8s-wire-chat` ClusterRoleBinding (the kubelet stand-in mounts no
 ServiceAccount token, so `pod.env` hands snapshot-init a kubeconfig holding that
 account's token: the same identity a real pod gets). nginx's access log counts the
 origin's bytes; docker-registry's access log counts the registry's requests.
@@ -40,21 +40,20 @@ from preheat.store import NodeStore
 from preheat.testing.containerd import containerd
 from preheat.testing.kube import (
     KubeCluster,
-    KubeUnavailable,
-    find_kube_bin,
-    kube_cluster,
     write_kubeconfig,
 )
+from preheat.testing.kubespace import kube_share
+from preheat.testing.kubewait import until
 from preheat.testing.origins import nginx_origin, origin_bytes_sent
 from preheat.testing.procs import Process, free_port
 from preheat.testing.registry import Registry, registry, write_layout
-from tests.integration.test_k8s_agent import _until
 from tests.integration.test_k8s_peers import PeerAgent
 
 pytestmark = pytest.mark.kubernetes
 
 API = "/apis/preheat.dev/v1alpha1"
-NS_API = f"{API}/namespaces/default"
+NS = "k8s-wire"
+NS_API = f"{API}/namespaces/{NS}"
 SIZE = 4_000_000
 KV_PORT, REPLAY_PORT = 6557, 6558
 ENGINE = (
@@ -65,25 +64,18 @@ ENGINE = (
 
 
 class WireAgent(PeerAgent):
-    """node-a's agent: peers, the node mirror and containerd's hosts.toml files."""
+    """wire-a's agent: peers, the node mirror and containerd's hosts.toml files."""
 
     def __init__(self, *a: Any, hosts_dir: Path, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.hosts_dir = hosts_dir
         self.mirror_port = free_port()
 
-    def start(self) -> None:
-        exe = Path(sys.executable).parent / "preheat"
-        argv = [
-            str(exe), "agent", "--node", self.node, "--store", str(self.store),
-            "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.port),
-            "--resync", "1", "--backoff", "0.3", "--peer-port", str(self.peer_port),
-            "--peer-token-file", str(self.token_file), "--mirror-port", str(self.mirror_port),
+    def argv(self) -> list[str]:
+        return [
+            *super().argv(), "--mirror-port", str(self.mirror_port),
             "--containerd-hosts-dir", str(self.hosts_dir),
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        self.proc = start_process(argv, self.log, env=env, inherit_env=False)
-        _until(f"agent {self.node} serving", lambda: self.get("/inventory"))
 
 
 @dataclass
@@ -104,45 +96,44 @@ def _kubeconfig(kube: KubeCluster, path: Path, namespace: str, name: str) -> Pat
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """Cluster (node-a warm, node-b cold), nginx origin, registry, the rendered RBAC and
-    settings, the peer token Secret in both namespaces, node-a's agent and the operator."""
-    try:
-        bin_dir = find_kube_bin()
-    except KubeUnavailable as exc:
-        pytest.skip(str(exc))
+def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The session cluster's share (wire-a warm, wire-b cold), nginx origin, registry, the
+    rendered RBAC and settings, the peer token Secret in both namespaces, wire-a's agent and
+    the operator."""
     base = tmp_path_factory.mktemp("k8s-wire")
     generate_model(base / "origin" / "m", SIZE, shards=2, seed=21)
     write_http_manifest(base / "origin" / "m")
     token = secrets.token_urlsafe(32)
     (base / "peer-token").write_text(token + "\n")
     log = base / "access.log"
-    nodes = {"node-a": {"pool": "warm"}, "node-b": {"pool": "cold"}}
+    nodes = {"wire-a": {"pool": "warm"}, "wire-b": {"pool": "cold"}}
     with (
-        kube_cluster(base / "kube", nodes=nodes, crds=True, bin_dir=bin_dir) as kube,
+        kube_share(kube_session, namespaces=[NS], nodes=nodes) as kube,
         nginx_origin(base / "origin", access_log=log) as origin,
         registry(base / "reg") as reg,
     ):
         kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                  "RoleBinding", "ConfigMap"}  # fmt: skip
         spec = parse_endpoint({"name": "chat", "model": {"source": "file:///m"}}, origin="t")
-        engine_rb = [o for o in endpoint_manifests(spec) if o["kind"] == "ClusterRoleBinding"]
+        engine_rb = [
+            o for o in endpoint_manifests(spec, namespace=NS) if o["kind"] == "ClusterRoleBinding"
+        ]
         rbac = [m for m in system_manifests() if m["kind"] in kinds] + engine_rb
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
-        for ns in ("preheat-system", "default"):
+        for ns in ("preheat-system", NS):
             kube.kubectl("create", "secret", "generic", "preheat-peer-token", "-n", ns,
                          f"--from-file=token={base / 'peer-token'}")  # fmt: skip
         agent_conf = _kubeconfig(kube, base / "agent.kubeconfig", "preheat-system", "preheat-agent")
-        store = kube.root / "nodes" / "node-a" / "var/lib/preheat/store"
+        store = kube.root / "nodes" / "wire-a" / "var/lib/preheat/store"
         agent = WireAgent(
-            "node-a", store, agent_conf, base / "agent.log", base / "peer-token",
+            "wire-a", store, agent_conf, base / "agent.log", base / "peer-token",
             hosts_dir=base / "certs.d",
         )  # fmt: skip
         op_conf = _kubeconfig(kube, base / "op.kubeconfig", "preheat-system", "preheat-operator")
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         operator = start_process(
             [str(Path(sys.executable).parent / "preheat"), "operator", "--kubeconfig",
-             str(op_conf), "--namespace", "default", "--metrics-port", str(free_port()),
+             str(op_conf), "--namespace", NS, "--metrics-port", str(free_port()),
              "--tick", "1"],
             base / "operator.log", env=env, inherit_env=False,
         )  # fmt: skip
@@ -150,7 +141,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         old = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat-main"},
                "spec": {"selector": {"preheat.dev/endpoint": "chat"},
                         "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}  # fmt: skip
-        kube.rest().must("POST", "/api/v1/namespaces/default/services", old)
+        kube.rest().must("POST", f"/api/v1/namespaces/{NS}/services", old)
         try:
             agent.start()
             url = origin.url("m/preheat-manifest.json")
@@ -178,17 +169,17 @@ def _endpoint(world: World) -> dict[str, Any]:
         },
         origin="test",
     )  # fmt: skip
-    conf = _kubeconfig(world.kube, world.base / "engine.kubeconfig", "default", "default")
+    conf = _kubeconfig(world.kube, world.base / "engine.kubeconfig", NS, "default")
     pod = PodOverrides(
         node_selector=(("pool", "cold"),),
         env=({"name": "KUBECONFIG", "value": str(conf)},),
     )
-    return endpoint_object(spec, namespace="default", pod=pod)
+    return endpoint_object(spec, namespace=NS, pod=pod)
 
 
 def _ready_pod(world: World) -> dict[str, Any] | None:
     items = world.kube.rest().get(
-        "/api/v1/namespaces/default/pods?labelSelector=preheat.dev/endpoint%3Dchat"
+        f"/api/v1/namespaces/{NS}/pods?labelSelector=preheat.dev/endpoint%3Dchat"
     )["items"]
     for p in items:
         conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or ()}
@@ -199,25 +190,25 @@ def _ready_pod(world: World) -> dict[str, Any] | None:
 
 def test_a_cold_node_pod_fills_from_the_peer_agent_not_the_origin(world: World) -> None:
     """With the rendered settings (peers on) the operator gives snapshot-init the token
-    Secret and --peers-from-nodecaches; the pod on node-b (no agent, empty store) takes
-    every model byte from node-a's agent, the origin sends the model once (node-a's
+    Secret and --peers-from-nodecaches; the pod on wire-b (no agent, empty store) takes
+    every model byte from wire-a's agent, the origin sends the model once (wire-a's
     warm-up) and the token is in no log."""
     kube = world.kube
     revision, manifest = NodeStore(world.base / "probe").resolve(world.url)
     size = sum(f.size for f in manifest.files)
     before = origin_bytes_sent(world.access_log)
     kube.rest().must("POST", f"{NS_API}/inferenceendpoints", _endpoint(world))
-    pod = _until("a Ready engine pod", lambda: _ready_pod(world), timeout=150)
-    assert pod["spec"]["nodeName"] == "node-b"
+    pod = until("a Ready engine pod", lambda: _ready_pod(world), timeout=150)
+    assert pod["spec"]["nodeName"] == "wire-b"
     (init,) = pod["spec"]["initContainers"]
     assert "--peers-from-nodecaches" in init["args"]
-    logs = list((kube.root / "nodes" / "node-b" / "pods").glob(f"default_{pod['metadata']['name']}_*/snapshot.log"))  # fmt: skip
+    logs = list((kube.root / "nodes" / "wire-b" / "pods").glob(f"{NS}_{pod['metadata']['name']}_*/snapshot.log"))  # fmt: skip
     assert len(logs) == 1, logs
     out = json.loads(logs[0].read_text().strip().splitlines()[-1])
     assert not out["warm"] and out["bytes_from"] == {"peer": size}, out
     sent = origin_bytes_sent(world.access_log) - before
     assert size <= sent <= size + (64 << 10), f"origin sent {sent} B for a {size} B model"
-    status = kube.rest().get(f"{API}/nodecaches/node-a")["status"]
+    status = kube.rest().get(f"{API}/nodecaches/wire-a")["status"]
     assert any(r["revision"] == revision and r["state"] == "Ready" for r in status["revisions"])
     print(f"\nk8s wire: cold pod {out['bytes_from']}, origin sent {sent} B for {size} B")
     for text in (logs[0].read_text(), world.agent.log.read_text()):
@@ -229,27 +220,27 @@ def test_the_variant_services_slices_carry_the_engines_kv_event_ports(world: Wor
     chat-main (made before, with http only) ports kv-events/kv-replay; the real
     EndpointSlice controller copies them with the pod's address, and discovery's reading
     gives the router tcp://POD_IP:PORT with replay."""
-    pod = _until("a Ready engine pod", lambda: _ready_pod(world), timeout=150)
-    svc = world.kube.rest().get("/api/v1/namespaces/default/services/chat-main")
+    pod = until("a Ready engine pod", lambda: _ready_pod(world), timeout=150)
+    svc = world.kube.rest().get(f"/api/v1/namespaces/{NS}/services/chat-main")
     assert [p["name"] for p in svc["spec"]["ports"]] == ["http", "kv-events", "kv-replay"]
     ip = pod["status"]["podIP"]
     want = f"tcp://{ip}:{KV_PORT}?replay=tcp://{ip}:{REPLAY_PORT}"
 
     def seen() -> dict[str, str] | None:
         slices = world.kube.rest().get(
-            "/apis/discovery.k8s.io/v1beta1/namespaces/default/endpointslices"
+            f"/apis/discovery.k8s.io/v1beta1/namespaces/{NS}/endpointslices"
             "?labelSelector=kubernetes.io/service-name%3Dchat-main"
         )["items"]
         got = kv_event_endpoints(slices, {"chat-main": "main"})
         return got if got.get(f"http://{ip}:8000") == want else None
 
-    _until("kv-event ports in the slice", seen, timeout=60)
+    until("kv-event ports in the slice", seen, timeout=60)
 
 
 def test_the_agent_writes_containerds_hosts_file_and_ctr_pulls_through_it(
     world: World,
 ) -> None:
-    """A ModelImageCache on node-a makes its agent pre-pull the image and write
+    """A ModelImageCache on wire-a makes its agent pre-pull the image and write
     <hosts dir>/<registry>/hosts.toml (mirror_config's content); `ctr images pull
     --hosts-dir` then takes the image from the mirror with 0 registry requests; deleting
     the cache removes the agent's file."""
@@ -260,18 +251,18 @@ def test_the_agent_writes_containerds_hosts_file_and_ctr_pulls_through_it(
         "apiVersion": "preheat.dev/v1alpha1",
         "kind": "ModelImageCache",
         "metadata": {"name": "app-wire"},
-        "spec": {"image": reg.ref("team/app:v1"), "nodes": {"names": ["node-a"]},
+        "spec": {"image": reg.ref("team/app:v1"), "nodes": {"names": ["wire-a"]},
                  "endpoints": ["chat"]},
     }  # fmt: skip
     kube.rest().must("POST", f"{NS_API}/modelimagecaches", body)
     hosts = world.agent.hosts_dir / reg.host / "hosts.toml"
 
     def pulled() -> bool:
-        status = kube.rest().get(f"{API}/nodecaches/node-a").get("status") or {}
+        status = kube.rest().get(f"{API}/nodecaches/wire-a").get("status") or {}
         return any(i.get("state") == "Ready" for i in status.get("images") or ())
 
-    _until("image pre-pulled", pulled, timeout=60)
-    _until("hosts.toml written", hosts.exists, timeout=30)
+    until("image pre-pulled", pulled, timeout=60)
+    until("hosts.toml written", hosts.exists, timeout=30)
     text = hosts.read_text()
     assert text.startswith(MARK) and f"http://127.0.0.1:{world.agent.mirror_port}" in text
     with containerd(world.base / "ctd") as ctd:
@@ -281,4 +272,4 @@ def test_the_agent_writes_containerds_hosts_file_and_ctr_pulls_through_it(
         assert reg.requests()[before:] == []
         assert layout.images["linux/amd64"].manifest in ctd.ctr("images", "ls").stdout
     kube.rest().must("DELETE", f"{NS_API}/modelimagecaches/app-wire")
-    _until("hosts.toml removed", lambda: not hosts.exists(), timeout=30)
+    until("hosts.toml removed", lambda: not hosts.exists(), timeout=30)

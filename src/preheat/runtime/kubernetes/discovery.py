@@ -56,7 +56,6 @@ from preheat.control.spec import EndpointSpec
 from preheat.errors import ConfigError
 from preheat.router.config import RouterConfig, parse_config
 from preheat.router.kvspec import parse_kv_events
-from preheat.router.server import Router, serve
 from preheat.router.state import RoutingState
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.resources import endpoint_from_object
@@ -69,7 +68,6 @@ __all__ = [
     "discovery_version",
     "kv_event_endpoints",
     "routing_variants",
-    "run",
     "slice_endpoints",
     "variant_service_name",
 ]
@@ -543,18 +541,3 @@ class Discovery:
                 elif ready and up.state == "draining":
                     state.set_state(up, "healthy")
 
-
-def run(router: Router, discovery: Discovery, *, host: str, port: int) -> None:
-    """Serve ``router`` (on uvloop) with ``discovery`` feeding it until SIGINT/SIGTERM."""
-    import uvloop
-
-    async def main() -> None:
-        async def ready() -> None:
-            discovery.start(router, asyncio.get_running_loop())
-
-        try:
-            await serve(router, host=host, port=port, ready=ready)
-        finally:
-            discovery.stop()
-
-    uvloop.run(main())
