@@ -540,4 +540,3 @@ class Discovery:
                     state.set_state(up, "draining")
                 elif ready and up.state == "draining":
                     state.set_state(up, "healthy")
-
