@@ -178,7 +178,8 @@ class WorkloadSync(ExecutorBase):
         if p.endpoint is None:
             return
         await self._commit_status()
-        if p.spec is not None:  # an unreadable spec keeps what it had
+        if p.spec is not None and not p.endpoint["metadata"].get("deletionTimestamp"):
+            # an unreadable spec keeps what it had; a deleted endpoint's handler leaves
             await sync_image_caches(self.custom, self.namespace, self.name, p.spec, self._emit_obj)
 
     def _emit_obj(self, obj: dict[str, Any], reason: str, message: str) -> None:

@@ -176,6 +176,12 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
 
     @kopf.on.delete(*endpoints, registry=reg)
     async def endpoint_deleted(name: str, namespace: str, logger: Any, **_: Any) -> None:
+        # Stop the endpoint's reconcile loop first (kopf may still be running it): a pass
+        # that observed the endpoint before its deletion would otherwise re-list it in a
+        # shared ModelImageCache, or re-create a Deployment, after this handler cleaned up.
+        running = ctx.loops.get((namespace, name))
+        if running is not None:
+            await running.stop()
         sel = f"{ENDPOINT_LABEL}={name}"
         for d in (
             await asyncio.to_thread(apps.list_namespaced_deployment, namespace, label_selector=sel)
