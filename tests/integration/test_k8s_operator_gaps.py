@@ -12,8 +12,10 @@ the shared ``ModelImageCache`` objects.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import signal
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -113,6 +115,29 @@ def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+NODES = ("gap-a", "gap-b")
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+
+def _renew_leases(kube: KubeCluster, stop: threading.Event) -> None:
+    """What a kubelet does for its Node (this module's Nodes have none): renew the Lease in
+    kube-node-lease every 5 s, so the real node-lifecycle controller does not turn the
+    Nodes Unknown 40 s after they were written (the revocation tests then saw both nodes
+    down and an endpoint Degraded Unschedulable). Ends with the module, within 5 s."""
+    while True:
+        for name in NODES:
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            spec = {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now}
+            status, _ = kube.rest().call(
+                "PATCH", f"{_LEASES}/{name}", {"spec": spec},
+                content_type="application/merge-patch+json",
+            )  # fmt: skip
+            if status == 404:
+                kube.rest().call("POST", _LEASES, {"metadata": {"name": name}, "spec": spec})
+        if stop.wait(5.0):
+            return
+
+
 @pytest.fixture(scope="module")
 def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """This module's share of the session cluster (namespace k8s-gaps), two Node objects
@@ -124,13 +149,29 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
         nginx_origin(base / "origin") as nginx,
         kube_share(kube_session, namespaces=[NS]) as kube,
     ):
-        for name in ("gap-a", "gap-b"):
+        for name in NODES:
             kube.rest().must("POST", "/api/v1/nodes", _node(name, {"pool": "gpu"}))
+        stop = threading.Event()
+        heartbeat = threading.Thread(target=_renew_leases, args=(kube, stop), daemon=True)
+        heartbeat.start()
         api = kube_config.new_client_from_config(str(kube.kubeconfig))
         try:
             yield World(kube, nginx.url("m/preheat-manifest.json"), api, base / "origin", nginx.url)
         finally:
             api.close()
+            stop.set()
+            heartbeat.join(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def ready_nodes(world: World) -> None:
+    """Each test starts with both Nodes Ready (a test may have turned one Unknown)."""
+    for name in NODES:  # a strategic merge: conditions merge by type, no resourceVersion
+        world.kube.rest().must(
+            "PATCH", f"/api/v1/nodes/{name}/status",
+            {"status": {"conditions": _node(name, {})["status"]["conditions"]}},
+            content_type="application/strategic-merge-patch+json",
+        )  # fmt: skip
 
 
 def test_a_replica_count_set_through_the_scale_subresource_is_not_reset(world: World) -> None:
@@ -374,7 +415,8 @@ def test_a_revoked_revision_rolls_to_the_fallback_or_degrades(world: World) -> N
     for _, loop in loops.values():
         _passes(loop, 2)
     assert revision("fb") == r1
-    assert world.condition("nofb", "Degraded")["status"] == "False"
+    deg = world.condition("nofb", "Degraded")
+    assert deg["status"] == "False", deg
 
 
 # --- imgrevoke (issue 11): a revoked image digest --------------------------------------
@@ -434,4 +476,5 @@ def test_a_revoked_image_rolls_to_the_image_fallback_or_degrades(world: World) -
             break
         time.sleep(0.5)
     assert image in images("imgfb") and fallback not in images("imgfb")
-    assert world.condition("imgnofb", "Degraded")["status"] == "False"
+    deg = world.condition("imgnofb", "Degraded")
+    assert deg["status"] == "False", deg
