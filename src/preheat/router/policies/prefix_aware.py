@@ -265,7 +265,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             seeds,
             lambda only: self._stable.weights(self._ids, self._weights, self._rl, self._g, only),
             threshold=self.params.concurrency_threshold,
-            precise=(lk.held_chars(pk.prompt_chars), lk.synced) if lk is not None else None,
+            precise=(lk.chars(pk.prompt_chars), lk.synced) if lk is not None else None,
             pos=self._pos,
         )
         if outcome == "affinity" and pk.hinted:

@@ -77,6 +77,7 @@ from math import log
 from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
+from preheat.router.kvlookup import HeldChars
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
 from preheat.router.policies.stable_load import SessionLoad
 from preheat.router.policies.stable_traffic import (
@@ -148,7 +149,7 @@ class StablePlacement:
         weights: Callable[[Sequence[int] | None], Sequence[float] | None],
         *,
         threshold: int,
-        precise: tuple[Mapping[str, int], Collection[str]] | None = None,
+        precise: tuple[HeldChars, Collection[str]] | None = None,
         pos: Mapping[str, int] | None = None,
     ) -> tuple[int, str, int, int]:
         """(position of the pick, outcome, rank in the deciding block's order, blocks of
@@ -186,7 +187,7 @@ class StablePlacement:
                     # Held: past the middle of the block (the characters are pro rata).
                     mid = (pk.cuts[b] + (pk.cuts[b - 1] if b else 0)) / 2
                     held = [j for j in held if ids[j] not in synced]
-                    held += [pos[x] for x, c in chars.items() if c >= mid and x in pos]
+                    held += [pos[x] for x in chars.at_least(mid) if x in pos]
                 if mset is not None:
                     held = [j for j in held if j in mset]
                 if held:
@@ -263,7 +264,7 @@ class StablePlacement:
         return j, "spill", order.index(j), depths.get(ids[j], 0)
 
     def _depth(
-        self, x: str, pk: PrefixKey, precise: tuple[Mapping[str, int], Collection[str]] | None
+        self, x: str, pk: PrefixKey, precise: tuple[HeldChars, Collection[str]] | None
     ) -> int:
         """``depths(...)[x]`` of ``choose`` for one instance, without the full map."""
         chain = pk.chain
