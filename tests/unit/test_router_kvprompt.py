@@ -66,3 +66,30 @@ def test_mask_walk_matches_a_per_instance_loop() -> None:
     lk2 = ix.lookup(body, ids)
     assert lk2 is not None and "i3" not in lk2.held
     assert all(lk2.held[x] == lk.held[x] for x in ids if x != "i3")
+
+
+def test_held_runs_read_as_the_per_instance_map() -> None:
+    """The runs a lookup keeps answer who holds at least c characters, what one instance
+    holds and the whole map exactly as the per-instance ``held_chars`` map does."""
+    rng = random.Random(11)
+    ix = PreciseIndex()
+    ids = [f"i{k}" for k in range(70)]
+    body = {"prompt": " ".join(f"word{k}" for k in range(600))}
+    hashes, _ = ix.default_prompt.blocks(body) or ([], 0)
+    for x in ids[:-1]:  # the last is never synced
+        ix.add(x)
+        ix.apply(x, 0, [["AllBlocksCleared"]])
+        n = rng.choice([0, 1, 5, 5, 17, len(hashes)])
+        ix.apply(x, 1, [["BlockStored", hashes[:n], None, [], 16, None, "GPU"]])
+    ix.add(ids[-1])
+    lk = ix.lookup(body, ids)
+    assert lk is not None and lk.runs is not None and len(lk.runs) == 4
+    prompt_chars = len(body["prompt"])
+    want = lk.held_chars(prompt_chars)
+    got = lk.chars(prompt_chars)
+    assert dict(got.items()) == want and len(want) < len(ids) - 1
+    for x in ids:
+        assert got.get(x) == want.get(x), x
+        assert lk.held_of(x) == lk.held.get(x, 0), x
+    for c in (0.5, 1, *sorted(set(want.values())), prompt_chars + 1):
+        assert sorted(got.at_least(c)) == sorted(x for x, v in want.items() if v >= c), c

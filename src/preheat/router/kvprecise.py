@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from preheat.kvhash import HashScheme, external_hash
+from preheat.router.kvlookup import Lookup, RunsHeld
 from preheat.router.kvprompt import EngineCodec, PromptBlocks
 
 __all__ = ["STATES", "InstanceBlocks", "Lookup", "PreciseIndex", "prompt_tokens"]
@@ -71,43 +72,6 @@ class InstanceBlocks:
     owes_events: bool = False
     batches: int = 0
     gaps: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """A prompt's block hashes, and the leading blocks each synced instance holds.
-
-    ``groups``: per codec/scheme group, (hashes, prompt tokens, block size); ``group``:
-    each synced instance's index into it. ``hashes``/``num_tokens``/``block_size`` are
-    the first group's (the only one when all instances run one model)."""
-
-    hashes: tuple[int, ...]
-    num_tokens: int
-    block_size: int
-    held: Mapping[str, int]
-    synced: frozenset[str]
-    groups: tuple[tuple[tuple[int, ...], int, int], ...] = ()
-    group: Mapping[str, int] = field(default_factory=dict)
-
-    def held_chars(self, prompt_chars: int) -> dict[str, int]:
-        """The held tokens of each synced instance that holds any, as prompt characters
-        (pro rata); an instance holding nothing is left out (it holds 0)."""
-        out = {}
-        groups = self.groups
-        if len(groups) <= 1:
-            _, ntok, bs = groups[0] if groups else (0, self.num_tokens, self.block_size)
-            d = max(ntok, 1)
-            # Once per distinct count: most instances hold the same leading blocks.
-            of = {n: int(n * bs * prompt_chars / d) for n in set(self.held.values()) if n}
-            return {x: of[n] for x, n in self.held.items() if n}
-        for x, n in self.held.items():
-            if n:
-                _, ntok, bs = groups[self.group[x]]
-                out[x] = int(n * bs * prompt_chars / max(ntok, 1))
-        return out
-
-    def hashes_of(self, instance_id: str) -> tuple[int, ...]:
-        return self.groups[self.group[instance_id]][0] if self.groups else self.hashes
 
 
 class PreciseIndex:
@@ -261,35 +225,43 @@ class PreciseIndex:
         zeros: dict[str, int],
         synced: frozenset[str],
     ) -> Lookup | None:
-        """``lookup`` when every synced instance reads prompts one way (one group): an
-        instance starts at 0 held, and only those holding blocks are written."""
+        """``lookup`` when every synced instance reads prompts one way (one group): the
+        held counts as runs (router/kvlookup.py), nothing written per instance."""
         pb, mask = pb_mask
         got = pb.blocks(body)
         if got is None:
             return None
         hashes, ntok = got
-        held, by_bit = self._mask, self._by_bit
-        held_n = zeros.copy()
+        held = self._mask
+        runs: list[tuple[int, int]] = []
         cur = mask
         for j, h in enumerate(hashes):
             m = held.get(h, 0) & cur
             if m != cur:
                 if j:
-                    gone = cur & ~m
-                    while gone:
-                        low = gone & -gone
-                        held_n[by_bit[low]] = j
-                        gone ^= low
+                    runs.append((j, cur & ~m))
                 cur = m
                 if not cur:
                     break
-        n = len(hashes)
-        while cur:
-            low = cur & -cur
-            held_n[by_bit[low]] = n
-            cur ^= low
+        if cur:
+            runs.append((len(hashes), cur))
+        runs.reverse()
+        rs = tuple(runs)
+        plan = self._plan
+        by_bit, bits = plan[6], plan[7]
         t = tuple(hashes)
-        return Lookup(t, ntok, pb.block_size, held_n, synced, ((t, ntok, pb.block_size),), zeros)
+        return Lookup(
+            t,
+            ntok,
+            pb.block_size,
+            RunsHeld(zeros, rs, by_bit),
+            synced,
+            ((t, ntok, pb.block_size),),
+            zeros,
+            rs,
+            by_bit,
+            bits,
+        )
 
     def _synced_of(
         self, ids: Collection[str]
@@ -314,7 +286,10 @@ class PreciseIndex:
         out = list(masks.values())
         zeros = dict.fromkeys(synced, 0)
         fs = frozenset(synced)
-        self._plan = (key, self._version, synced, out, zeros, fs)
+        # bit -> synced instance and back, for lookups' runs (a snapshot of this plan).
+        bits = {x: inst[x].bit for x in synced}
+        by_bit = {b: x for x, b in bits.items()}
+        self._plan = (key, self._version, synced, out, zeros, fs, by_bit, bits)
         return synced, out, zeros, fs
 
     def sent(self, instance_id: str, lookup: Lookup) -> None:
@@ -324,7 +299,7 @@ class PreciseIndex:
         if ib is None or ib.state != "synced" or instance_id not in lookup.group:
             return
         hashes = lookup.hashes_of(instance_id)
-        have = lookup.held.get(instance_id, 0)
+        have = lookup.held_of(instance_id)
         if have >= len(hashes):
             return
         ib.owes_events = True

@@ -35,42 +35,12 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 * ``index_entries`` (200,000): learned block hashes kept in total (LRU): the memory
   bound, roughly 200 bytes each.
 * ``max_holders`` (8; 1-64): instances remembered per block (the oldest is dropped).
-* ``placement`` (``stable``; ``learned`` is selectable): ``hash`` skips steps 2-5 but the hard cap: the first
-  instance in rendezvous order of the key below ``concurrency_threshold`` wins
-  (SageMaker's rule). It keeps no state and reads no relative load, so replicas agree
-  whatever order they see requests in, at the cost of balance (a hot prefix stays on
-  one instance until the cap) and of prompts that outgrow ``prefix_length``.
-* ``placement: hybrid`` replaces steps 2-5 by rules that read no in-flight count below
-  ``concurrency_threshold`` and place nothing by "least loaded":
-
-  a. **Home key**: the chain hash at the first cut at least ``HOME_CHARS`` (1,024) into
-     the first turn (the first message that is not a system/developer message, or the
-     whole completion prompt), or at that turn's end if it is shorter: a conversation's
-     first user turn (every later turn repeats it), a RAG document's first block, a
-     template's first block.
-  b. **Hot homes own k instances**: with ``s`` the home's share of recent requests
-     (decayed like the counts of step 2), it owns the top ``k = ceil(HOT_SPREAD * s *
-     n)`` (``HOT_SPREAD`` = 2) of its rendezvous order; a request picks among them by
-     its own key's rendezvous score. ``s`` comes from the request stream alone.
-  c. **Follow**: if the learned index knows a block at or past the home block (or the
-     end of the first turn: a chat's earlier turn), its holders (with the hot top k)
-     come first, ties by the request key; a conversation that once moved stays moved.
-  d. **Share bound, spill along the home's order**: the first candidate whose recent
-     count is below ``mean + WARM_MARGIN * balance_epsilon * max(mean, LOAD_FLOOR)``
-     (``WARM_MARGIN`` = 0.8: the bound is on decayed counts) takes it; a cold home
-     (never seen) uses ``mean + 1`` instead, since it loses nothing by moving, so cold
-     traffic does the balancing. Then any instance under ``concurrency_threshold``,
-     then the least loaded (``fallback``).
-
-  Replicas agree whatever in-flight counts they see (every input is the stream and the
-  decisions made on it); they diverge only when they see requests in a different order
-  near a share-bound decision, and a diverged decision shifts later counts, so
-  divergence compounds: in process, 1 % of adjacent RAG requests swapped leaves 85 %
-  agreement. Measured (docs/benchmarks.md, Router 3-4): 4 router processes agree on
-  100 % of RAG and 90-100 % of templated requests at concurrency 8 but only 38-43 % of
-  multi-turn chat (a turn waits for its previous answer, so replicas see turns in different
-  orders and a conversation's first turn decides all its turns).
-* ``LOAD_FLOOR`` = 10 requests, ``INFLIGHT_SLACK`` = 1 request: constants above.
+* ``placement`` (``stable``; ``learned``, ``hash`` and ``hybrid`` are selectable):
+  ``hash`` keeps no state and reads no relative load (the first instance in the key's
+  rendezvous order below ``concurrency_threshold``: SageMaker's rule); ``hybrid`` reads
+  no in-flight count below it and places nothing by "least loaded" (a home key, hot
+  homes spread over the top of their order, a share bound). Both, with their
+  constants: router/policies/hybrid.py.
 
 Every replica that sees the same requests in the same order with the same salt, instance
 list and in-flight counts makes the same choices without talking to the others. The
@@ -86,18 +56,16 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Iterator, Mapping, Sequence
-from math import ceil
 from typing import TYPE_CHECKING, Any, Protocol
 
 from preheat.errors import NoHealthyInstance
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
+from preheat.router.policies.hybrid import HybridPlacement, choose_hashed
 from preheat.router.policies.predicted import PredictedPlacement, block_tokens
 from preheat.router.policies.stable import Loads, StablePlacement, capacity_weights
 from preheat.router.prefix import (
     CHARS_PER_TOKEN,
-    MASK64,
-    SCORE_MULTIPLIER,
     PrefixHasher,
     PrefixKey,
     canonical_parts,
@@ -106,39 +74,11 @@ from preheat.router.prefix import (
 if TYPE_CHECKING:
     import random as _random
 
-_MUL = SCORE_MULTIPLIER
-LOAD_FLOOR = 10.0
-INFLIGHT_SLACK = 1
-# hybrid: the home key is the first cut at least this far into the first turn.
-HOME_CHARS = 1024
-# hybrid: a home with request share s owns the top ceil(HOT_SPREAD * s * n) instances.
-HOT_SPREAD = 2.0
-# hybrid: a known prefix may exceed the mean by this part of ``balance_epsilon`` (the
-# bound is on decayed counts; the margin keeps plain shares within 1 + epsilon).
-WARM_MARGIN = 0.8
 _PREAMBLE_ROLES = ("system", "developer")
 # Placements that key a prompt by its home block (the first turn's first block).
 _HOMED = ("hybrid",)
-_INF = float("inf")
 # Marks a ``stable`` decision's state (router/policies/stable.py).
 _STABLE = "stable"
-
-
-def _home_block(pk: PrefixKey, fstart: int, fend: int) -> int:
-    """The home block: the first cut at least ``HOME_CHARS`` into the first turn (or that
-    turn's end if it is shorter); the last block for a hinted or one-block key."""
-    hd = len(pk.chain) - 1
-    if not pk.hinted and hd > 0:
-        t = min(fstart + HOME_CHARS, fend)
-        for i, c in enumerate(pk.cuts):
-            if c >= t:
-                return i
-    return hd
-
-
-def _scores(key: int, seeds: list[int]) -> list[int]:
-    # prefix.score inlined: this is the decision's hot path at 64 instances.
-    return [((key ^ s) * _MUL) & MASK64 for s in seeds]
 
 
 class _InFlight:
@@ -199,8 +139,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._order: list[int] = []
         self._last: Sequence[InstT] | None = None
         self._g = 1.0
-        # hybrid: decayed request counts per home key (insertion-ordered dict as an LRU).
-        self._homes: dict[int, float] = {}
+        # hybrid: decayed request counts per home key (router/policies/hybrid.py).
+        self._hybrid = HybridPlacement(self.index, params.index_entries)
         # The precise index of instances with KV events (router/kvprecise.py; set by the
         # router, None without events): ``learned`` uses it instead of the learned guess
         # for each instance it is synced with.
@@ -287,9 +227,21 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             return self._choose_stable(pk, instances, _InFlight(instances), seeds)
         loads = [i.in_flight for i in instances]
         if p.placement == "hash":
-            return self._choose_hashed(pk, instances, loads, seeds)
+            return choose_hashed(pk, instances, loads, seeds, p.concurrency_threshold)
         if p.placement == "hybrid":
-            return self._choose_hybrid(pk, fstart, fend, instances, loads, seeds)
+            return self._hybrid.choose(
+                pk,
+                fstart,
+                fend,
+                instances,
+                loads,
+                seeds,
+                recent=self._rl,
+                g=self._g,
+                pos=self._pos,
+                epsilon=p.balance_epsilon,
+                limit=p.concurrency_threshold,
+            )
         if p.placement == "learned":
             return self._choose_learned(pk, instances, loads, seeds)
         return self._choose_stable(pk, instances, _InFlight(instances), seeds)
@@ -313,7 +265,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             seeds,
             lambda only: self._stable.weights(self._ids, self._weights, self._rl, self._g, only),
             threshold=self.params.concurrency_threshold,
-            precise=(lk.held_chars(pk.prompt_chars), lk.synced) if lk is not None else None,
+            precise=(lk.chars(pk.prompt_chars), lk.synced) if lk is not None else None,
             pos=self._pos,
         )
         if outcome == "affinity" and pk.hinted:
@@ -328,35 +280,6 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             cached // CHARS_PER_TOKEN,
             pk.prompt_chars,
             (_STABLE, pk, max(pk.prompt_chars - cached, 0), lk),
-        )
-
-    def _choose_hashed(
-        self, pk: PrefixKey, instances: Sequence[InstT], loads: list[int], seeds: list[int]
-    ) -> Choice[InstT]:
-        """``placement: hash``: rendezvous order of the key, skipping instances at
-        ``concurrency_threshold`` (SageMaker's spill rule); no learned state and no
-        relative load bound, so replicas agree whatever order they see requests in."""
-        n = len(instances)
-        limit = self.params.concurrency_threshold
-        scores = _scores(pk.key, seeds)
-        eligible = [sc if x < limit else -1 for sc, x in zip(scores, loads, strict=True)]
-        best = max(eligible)
-        if best >= 0:
-            pick = eligible.index(best)
-            rank = sum(1 for sc in scores if sc > best)
-            outcome = ("hint" if pk.hinted else "affinity") if rank == 0 else "spill"
-        else:
-            pick = max(range(n), key=lambda j: (-loads[j], scores[j]))
-            rank = sum(1 for sc in scores if sc > scores[pick])
-            outcome = "fallback"
-        return Choice(
-            instance=instances[pick],
-            outcome=outcome,
-            rank=rank,
-            prefix_blocks=len(pk.chain),
-            predicted_cached_tokens=0,
-            prompt_chars=pk.prompt_chars,
-            state=None,
         )
 
     def _choose_learned(
@@ -394,94 +317,6 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             (pk, unc, lk),
         )
 
-    def _choose_hybrid(
-        self,
-        pk: PrefixKey,
-        fstart: int,
-        fend: int,
-        instances: Sequence[InstT],
-        loads: list[int],
-        seeds: list[int],
-    ) -> Choice[InstT]:
-        """``placement: hybrid``: the rendezvous order of a stable home key, a hot home
-        spread over the top ``k`` of its order, the share bound, spill along the order.
-        Reads only the request stream's own statistics and the hard in-flight cap, so
-        replicas that see the same stream agree (see the module header)."""
-        p = self.params
-        n = len(instances)
-        g = self._g
-        recent = self._rl
-        chain = pk.chain
-        cuts = pk.cuts
-        hd = _home_block(pk, fstart, fend)
-        home = chain[hd]
-        scores = _scores(home, seeds)
-        ranked = sorted(range(n), key=scores.__getitem__, reverse=True)
-        total = sum(recent)
-        seen = self._homes.get(home, 0.0)
-        share = seen / max(total, LOAD_FLOOR * n * g)
-        k = min(n, max(1, ceil(share * n * HOT_SPREAD)))
-        rk = pk.key
-        if k > 1:
-            top = sorted(ranked[:k], key=lambda j: ((rk ^ seeds[j]) * _MUL) & MASK64, reverse=True)
-            ranked = top + ranked[k:]
-        # Follow what the index knows at or past the home block: where earlier prompts
-        # through it went (a chat's earlier turns, a document's holders), plus a hot
-        # home's top k; ties by the request's own key.
-        depth = 0
-        if not pk.hinted:
-            depth, holders = self.index.longest(chain)
-            if depth and (depth > hd or cuts[depth - 1] >= fend):
-                pos = self._pos
-                cand = {pos[h] for h in holders if h in pos}
-                if cand:
-                    if k > 1:
-                        cand.update(ranked[:k])
-                    follow = sorted(
-                        cand, key=lambda j: ((rk ^ seeds[j]) * _MUL) & MASK64, reverse=True
-                    )
-                    ranked = follow + [j for j in ranked if j not in cand]
-                    k = len(follow)
-                    hd = depth - 1
-            else:
-                depth = 0
-        limit = p.concurrency_threshold
-        mean = total / n
-        if seen or depth:
-            share_cap = mean + p.balance_epsilon * max(mean, LOAD_FLOOR * g) * WARM_MARGIN
-        else:
-            # A cold prefix loses nothing by moving: it balances (at most the mean + 1).
-            share_cap = mean + g
-        pick = -1
-        rank = 0
-        for r, j in enumerate(ranked):
-            if loads[j] < limit and recent[j] < share_cap:
-                pick, rank = j, r
-                break
-        if pick < 0:
-            for r, j in enumerate(ranked):
-                if loads[j] < limit:
-                    pick, rank = j, r
-                    break
-        if pick >= 0:
-            outcome = ("hint" if pk.hinted else "affinity") if rank < k else "spill"
-        else:
-            least = min(loads)
-            pick = next(j for j in ranked if loads[j] == least)
-            rank = ranked.index(pick)
-            outcome = "fallback"
-        matched = hd + 1 if rank < k else 0
-        return Choice(
-            instances[pick],
-            outcome,
-            rank,
-            matched,
-            len(chain),
-            (cuts[hd] if matched else 0) // CHARS_PER_TOKEN,
-            pk.prompt_chars,
-            (home, chain),
-        )
-
     def on_sent(self, request: RouteRequest, choice: Choice[InstT]) -> None:
         placement = self.params.placement
         if placement == "hash":
@@ -507,11 +342,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self.index.record(pk.chain, choice.instance.id, sizes, tail)
         elif isinstance(pk, tuple) and placement == "hybrid":
             home, chain = pk
-            self.index.record(chain, choice.instance.id)
-            homes = self._homes
-            homes[home] = homes.pop(home, 0.0) + self._g / (1.0 - 1.0 / self.params.balance_window)
-            if len(homes) > self.params.index_entries:
-                del homes[next(iter(homes))]
+            g_next = self._g / (1.0 - 1.0 / self.params.balance_window)
+            self._hybrid.on_sent(home, chain, choice.instance.id, g_next)
         # Decayed request counts: each count shrinks by (1 - 1/balance_window) per
         # decision; growing the unit instead of shrinking every count keeps this O(1).
         g = self._g = self._g / (1.0 - 1.0 / self.params.balance_window)
@@ -529,8 +361,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._rl = [c / g for c in self._rl]
             for k in self._recent:
                 self._recent[k] /= g
-            for h in self._homes:
-                self._homes[h] /= g
+            self._hybrid.rescale(g)
             self._g = 1.0
 
     def on_done(

@@ -3,14 +3,8 @@ state every router replica computes the same way, so replicas agree without talk
 
 Algorithm (one decision; pure: no I/O, no clock, no randomness):
 
-1. **Traffic counts.** Every block hash of every routed request is counted, decayed by
-   ``1 - 1/balance_window`` per request. A block's **share** is its count over
-   ``max(total, LOAD_FLOOR * n)``: the part of recent requests whose prompt starts with
-   that block. Counts depend on the request stream only (not on a decision or a load),
-   so replicas that see the same requests in a slightly different order hold nearly the
-   same counts. A block counted in every request so far (at least two: a shared
-   system prompt) is as hot as the fleet at once, so it never holds a stream's first
-   conversations or documents on the instance its first request went to.
+1. **Traffic counts** of every block of every request, decayed per request, and each
+   block's share of recent requests (router/policies/stable_traffic.py).
 2. **Descend the chain.** Start with every instance as the set. For each block of the
    prompt from the root:
 
@@ -31,27 +25,19 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
      content), a file of a repository.
 
    If every block is hot (identical prompts), the request key's score picks in the set.
-3. **Spread with hysteresis.** ``t = HOT_SPREAD * share * n`` is how many instances the
-   block's traffic fills to ``1 / HOT_SPREAD`` of a fair share each. ``k`` moves only in
-   powers of two (1, 2, 4, ... then n): up to the smallest power >= ``t`` when ``t``
-   exceeds ``k``, down only when ``(1 + HYSTERESIS) * t`` fits a smaller power. Few
-   transitions, each at a count replicas reach within a few requests of each other.
-4. **Weights: capacity and balance, only where nothing is placed yet.** Instance j's
-   weight is ``cap_j * exp(-BALANCE_GAIN * (load_j - mean) / max(mean, BALANCE_FLOOR *
-   m))``: ``cap_j`` its KV capacity over the largest (router/kvcapacity.py; unknown: the
-   mean of the known; all equal: 1), ``load_j`` the decayed requests sent to it, a
-   chat's later turns counted through its first (router/policies/stable_load.py: a
-   later turn, whose prompt holds an earlier request's whole prompt, is not counted when
-   it arrives; the requests of its root weigh ``1 + r``, ``r`` that root's later turns
-   per other request), ``m`` the mean of ``1 + r``. Replicas fed the same stream see
-   later turns at different moments (each waits for its previous answer), everything
-   else in the same order: counting later turns when they arrive made the weights
-   differ by the turns in flight, one divergent first turn shifted every later count,
-   and chat agreement was 60-79 %; counted this way it is 100 %, live and in process.
-   Weighted rendezvous (``w / -ln(u)``) places a cold prefix on the instance with the
-   least recent traffic, one copy each: the working set is partitioned over the fleet's
-   aggregate KV memory. Weights never move a placed prefix (cold blocks follow the
-   index, hot sets keep their members).
+3. **Spread with hysteresis**: a hot block's spread ``k`` follows its share in powers
+   of two, with hysteresis (router/policies/stable_traffic.py).
+4. **Weights: capacity and balance, only where nothing is placed yet**
+   (router/policies/stable_weights.py): a cold prefix goes by weighted rendezvous to an
+   instance with little recent traffic (a chat's later turns counted through its first,
+   router/policies/stable_load.py), weighed by its KV capacity, one copy each: the
+   working set is partitioned over the fleet's aggregate KV memory. Replicas fed the
+   same stream see later turns at different moments (each waits for its previous
+   answer), everything else in the same order: counting later turns when they arrive
+   made the weights differ by the turns in flight, one divergent first turn shifted
+   every later count, and chat agreement was 60-79 %; counted through their first it is
+   100 %, live and in process. Weights never move a placed prefix (cold blocks follow
+   the index, hot sets keep their members).
 5. **Spill only at the limit.** If the pick has ``in_flight >= concurrency_threshold``,
    the request goes to the least predicted TTFT among the next ``SPILL_CANDIDATES``
    under the limit in the deciding block's rendezvous order: uncached prefill there
@@ -67,18 +53,10 @@ cold prefix is placed afresh by its score (a new document, question or conversat
 
 Thresholds (module constants; ``PolicyParams`` in parentheses):
 
-* ``HOT_SPREAD`` = 1.5: a hot block's members get at most about 2/3 of a fair share each
-  from it (2 cost hit rate under KV pressure, 1 balance; docs/benchmarks.md, Router 7).
-* ``HYSTERESIS`` = 0.5.
-* ``LOAD_FLOOR`` = 10 requests per instance: early shares are taken over at least this
-  many requests, so the first requests do not look hot.
-* ``BALANCE_GAIN`` = 20 over ``BALANCE_FLOOR`` = 30 requests per instance: an instance
-  10 % above the mean load weighs e^-2 as much for new prefixes, and while the mean is
-  below 30 requests a one-request difference changes a weight by at most e^(20/30)
-  (gain 10 over a floor of 10 let the first requests' order decide; gain 10 over 100
-  left RAG documents 1.35x the mean; 20 over 30 was the best pair tried in process
-  for agreement and share together). The KV-write term of the previous version (gain
-  1) is gone: with this load it moved hit rate and share by less than run-to-run noise.
+* ``HOT_SPREAD`` = 1.5, ``HYSTERESIS`` = 0.5, ``LOAD_FLOOR`` = 10 requests per instance:
+  router/policies/stable_traffic.py.
+* ``BALANCE_GAIN`` = 20 over ``BALANCE_FLOOR`` = 30 requests per instance:
+  router/policies/stable_weights.py.
 * ``SPILL_CANDIDATES`` = 2.
 * ``concurrency_threshold`` (64): the hard in-flight cap, the only load limit.
 * ``balance_window`` (1,000 requests): the decay of block counts and loads.
@@ -94,20 +72,35 @@ on 100 % of RAG, templated and multi-turn chat requests at concurrency 8.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from math import exp, log
+from math import log
 from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
+from preheat.router.kvlookup import HeldChars
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
 from preheat.router.policies.stable_load import SessionLoad
+from preheat.router.policies.stable_traffic import (
+    HOT_SPREAD,
+    HYSTERESIS,
+    LOAD_FLOOR,
+    BlockTraffic,
+    spread_for,
+)
+from preheat.router.policies.stable_weights import (
+    BALANCE_FLOOR,
+    BALANCE_GAIN,
+    balance_weights,
+    capacity_weights,
+)
 from preheat.router.prefix import MASK64, SCORE_MULTIPLIER, PrefixKey
 
 __all__ = [
+    "BALANCE_FLOOR",
     "BALANCE_GAIN",
     "HOT_SPREAD",
     "HYSTERESIS",
+    "LOAD_FLOOR",
     "SPILL_CANDIDATES",
     "Loads",
     "StablePlacement",
@@ -116,30 +109,8 @@ __all__ = [
 ]
 
 _MUL = SCORE_MULTIPLIER
-HOT_SPREAD = 1.5
-HYSTERESIS = 0.5
-LOAD_FLOOR = 10.0
-BALANCE_GAIN = 20.0
-BALANCE_FLOOR = 30.0
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
-
-
-def _pow2_at_least(t: float, n: int) -> int:
-    """The smallest power of two >= t, capped at n (n itself once a power exceeds it)."""
-    k = 1
-    while k < t:
-        k *= 2
-    return min(k, n)
-
-
-def spread_for(k: int, t: float, n: int) -> int:
-    """The next spread of a block holding ``k`` with target ``t`` (module header, 3)."""
-    k = min(max(k, 1), n)
-    if t > k:
-        return _pow2_at_least(t, n)
-    down = _pow2_at_least(t * (1.0 + HYSTERESIS), n)
-    return down if down < k else k
 
 
 class Loads(Protocol):
@@ -162,13 +133,7 @@ class StablePlacement:
         # Counts of cold blocks matter only until they are far down the LRU: a quarter of
         # the index's bound keeps every block with a share worth a spread.
         self.max_entries = max(max_entries // 4, 1000)
-        self._decay = 1.0 - 1.0 / window
-        # block -> decayed count (in units of _g); insertion order is the LRU.
-        self._counts: OrderedDict[int, float] = OrderedDict()
-        # Hot blocks only (spread > 1): block -> [spread, members kept (instance ids)].
-        self._hot: dict[int, list[Any]] = {}
-        self._total = 0.0
-        self._g = 1.0
+        self.traffic = BlockTraffic(self.max_entries, window)
         # Request load per instance, a chat's later turns counted through its first
         # (router/policies/stable_load.py).
         self.load = SessionLoad(self.max_entries)
@@ -184,7 +149,7 @@ class StablePlacement:
         weights: Callable[[Sequence[int] | None], Sequence[float] | None],
         *,
         threshold: int,
-        precise: tuple[Mapping[str, int], Collection[str]] | None = None,
+        precise: tuple[HeldChars, Collection[str]] | None = None,
         pos: Mapping[str, int] | None = None,
     ) -> tuple[int, str, int, int]:
         """(position of the pick, outcome, rank in the deciding block's order, blocks of
@@ -195,7 +160,7 @@ class StablePlacement:
         (router/kvprecise.py), and those instances; for them it replaces the learned
         index when a cold block looks for where it is held."""
         n = len(ids)
-        hot = self._hot
+        hot = self.traffic.hot
         chain = pk.chain
         members = list(range(n))
         # The members as a set once a hot block has narrowed them (None: every instance).
@@ -222,7 +187,7 @@ class StablePlacement:
                     # Held: past the middle of the block (the characters are pro rata).
                     mid = (pk.cuts[b] + (pk.cuts[b - 1] if b else 0)) / 2
                     held = [j for j in held if ids[j] not in synced]
-                    held += [pos[x] for x, c in chars.items() if c >= mid and x in pos]
+                    held += [pos[x] for x in chars.at_least(mid) if x in pos]
                 if mset is not None:
                     held = [j for j in held if j in mset]
                 if held:
@@ -242,7 +207,7 @@ class StablePlacement:
                 # Fill with the members of the fewest other hot sets (integers that
                 # replicas holding the same sets agree on), ties by plain score.
                 ks = set(kept)
-                busy = self._memberships(pos, n, h)
+                busy = self.traffic.memberships(pos, n, h)
                 rest = sorted((j for j in members if j not in ks), key=lambda j: (-busy[j], sc[j]))
                 while len(kept) < k and rest:
                     kept.append(rest.pop())
@@ -298,19 +263,8 @@ class StablePlacement:
         j = min(under, key=cost)
         return j, "spill", order.index(j), depths.get(ids[j], 0)
 
-    def _memberships(self, pos: Mapping[str, int], n: int, skip: int) -> list[int]:
-        """How many hot sets smaller than the fleet each instance is a member of."""
-        busy = [0] * n
-        for b, e in self._hot.items():
-            if b != skip and e[0] < n:
-                for x in e[1]:
-                    j = pos.get(x)
-                    if j is not None:
-                        busy[j] += 1
-        return busy
-
     def _depth(
-        self, x: str, pk: PrefixKey, precise: tuple[Mapping[str, int], Collection[str]] | None
+        self, x: str, pk: PrefixKey, precise: tuple[HeldChars, Collection[str]] | None
     ) -> int:
         """``depths(...)[x]`` of ``choose`` for one instance, without the full map."""
         chain = pk.chain
@@ -357,51 +311,11 @@ class StablePlacement:
     # --- bookkeeping --------------------------------------------------------------------
 
     def count(self, pk: PrefixKey, n: int, window: int | None = None) -> None:
-        """Count the request's blocks and update their spreads (module header, 1 and 3);
+        """Count the request's blocks and update their spreads (stable_traffic.py);
         ``window`` (decisions) replaces the decay given at construction."""
-        if window is not None:
-            self._decay = 1.0 - 1.0 / window
-        g = self._g = self._g / self._decay
-        self._total += g
-        counts = self._counts
-        hot = self._hot
-        scale = HOT_SPREAD * n / max(self._total, LOAD_FLOOR * n * g)
-        for h in pk.chain:
-            c = counts.get(h)
-            if c is None:
-                c = counts[h] = g
-            else:
-                c = counts[h] = c + g
-                counts.move_to_end(h)
-            # In every request so far (a shared system prompt): as hot as the fleet.
-            t = HOT_SPREAD * n if c >= self._total and c >= 2 * g else c * scale
-            e = hot.get(h)
-            if e is None:
-                if t <= 1:
-                    continue
-                k = 1
-            else:
-                k = e[0]
-                # spread_for keeps k (<= n) while t <= k and (1 + HYSTERESIS) * t exceeds
-                # the largest power of two below k: then there is nothing to update.
-                if k <= n and t <= k and t * (1.0 + HYSTERESIS) > 1 << ((k - 1).bit_length() - 1):
-                    continue
-            k2 = spread_for(k, t, n)
-            if k2 == 1:
-                hot.pop(h, None)
-            elif e is None:
-                hot[h] = [k2, ()]
-            else:
-                e[0] = k2
-        while len(counts) > self.max_entries:
-            h, _ = counts.popitem(last=False)
-            hot.pop(h, None)
-        if g > 1e12:
-            for h in counts:
-                counts[h] /= g
-            self.load.rescale(g)
-            self._total /= g
-            self._g = 1.0
+        reset = self.traffic.count(pk, n, window)
+        if reset is not None:
+            self.load.rescale(reset)
 
     def weights(
         self,
@@ -411,19 +325,10 @@ class StablePlacement:
         g: float,
         only: Sequence[int] | None = None,
     ) -> list[float] | None:
-        """Capacity weights times the balance term of the module header (4); of the
-        positions ``only``, in that order (None: every instance). ``recent`` and ``g``,
-        the policy's plain request counts, are not read: the load is ``self.load``'s."""
-        n = len(ids)
-        if n == 0:
-            return None
-        load, mean, m = self.load.loads(ids, only)
-        norm = BALANCE_GAIN / max(mean, BALANCE_FLOOR * self._g * m)
-        if only is None:
-            base: Sequence[float] = capacity or [1.0] * n
-        else:
-            base = [capacity[j] for j in only] if capacity else [1.0] * len(only)
-        return [w * exp(-norm * (c - mean)) for w, c in zip(base, load, strict=True)]
+        """Capacity weights times the balance term (stable_weights.py); of the positions
+        ``only``, in that order (None: every instance). ``recent`` and ``g``, the
+        policy's plain request counts, are not read: the load is ``self.load``'s."""
+        return balance_weights(self.load, ids, capacity, self.traffic.g, only)
 
     def forget(self, instance_id: str) -> None:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
@@ -433,8 +338,7 @@ class StablePlacement:
 
     def spread(self, h: int) -> int:
         """The spread kept for a block (1 when it is not hot)."""
-        e = self._hot.get(h)
-        return int(e[0]) if e is not None else 1
+        return self.traffic.spread(h)
 
     def on_sent(
         self,
@@ -448,17 +352,5 @@ class StablePlacement:
         """Count the request, record it in the learned index and queue its ``uncached``
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
-        self.load.add(pk, instance_id, self._g)
+        self.load.add(pk, instance_id, self.traffic.g)
         self.predicted.on_sent(pk, instance_id, uncached, body)
-
-
-def capacity_weights(ids: Sequence[str], index: CapacityIndex) -> list[float] | None:
-    """Rendezvous weights from the capacities learned (None: all equal; module header)."""
-    caps = [index.capacity(x) for x in ids]
-    known = [c for c in caps if c is not None]
-    if not known or (len(known) == len(caps) and min(known) == max(known)):
-        return None
-    top = max(known)
-    fill = sum(known) / len(known)
-    w = [(c if c is not None else fill) / top for c in caps]
-    return None if min(w) == max(w) else w
