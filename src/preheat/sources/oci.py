@@ -320,6 +320,22 @@ class OciSource(RegistryBlobSource):
 _File = tuple[int, str | None, Location]  # size, sha256, where its bytes are
 
 
+async def manifest_layers(source: str, revision: str) -> tuple[str, ...]:
+    """The layer digests of the ``oci://`` ``source``'s revision ``revision`` (its
+    manifest digest), asked of the registry: one manifest, no layer moves. What a
+    revoked layer is matched against where no store recorded the unpacking (the
+    Kubernetes operator)."""
+    ref = parse_image_ref(source.removeprefix("oci://"))
+    client = RegistryClient(ref, credentials=load_credentials(ref.registry), retries=2)
+    try:
+        got = await client.manifest(revision)
+    finally:
+        await client.aclose()
+    raw = load(got.body, f"{ref.name}@{revision}").get("layers")
+    layers = raw if isinstance(raw, list) else []
+    return tuple(str(x["digest"]) for x in layers if isinstance(x, dict) and "digest" in x)
+
+
 def _node_platform() -> Platform:
     import platform as _platform
 
