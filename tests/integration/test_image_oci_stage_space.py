@@ -189,3 +189,42 @@ def test_a_zstd_frame_that_unpacks_past_its_declared_size_is_refused_before_the_
         store.pull(f"oci://{reg.ref('models/lying:v1')}")
     assert "too large" not in str(info.value)
     assert _staged(store) == [] and store.usage().reserved == 0 and store.snapshots() == []
+
+
+def test_an_unpacked_tar_member_is_linked_into_the_fill_not_copied(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """A gzip tar layer's member staged under the store's tmp/ is hard-linked to the fill's
+    partial file (one inode, no second copy); a plain tar's member, which stays inside
+    its layer file, is not; a pull of each still publishes the right bytes."""
+    import asyncio
+
+    from preheat.sources.oci import OciSource, oci_ref
+
+    data = os.urandom(MiB)
+    reg.push_model_layers(
+        "models/link-gz:v1", [ModelLayer(f"{WEIGHT}+gzip", tar_layer([("w.bin", data)], "gzip"))]
+    )
+    reg.push_model_layers("models/link-tar:v1", [ModelLayer(WEIGHT, tar_layer([("w.bin", data)]))])
+    store = NodeStore(tmp_path / "store")
+
+    async def take(tag: str, dest: Path) -> tuple[bool, bool]:
+        """(linked, dest is the staged file's inode) for the member w.bin of ``tag``."""
+        src = OciSource(oci_ref(f"oci://{reg.ref(tag)}"))
+        src.bind_store(store.layout, {})
+        try:
+            res = await src.resolve()
+            linked = await src.take_file(res.locations["w.bin"], dest)
+            mine = [p for p in _staged(store) if p.name == hashlib.sha256(data).hexdigest()]
+            same = linked and [os.stat(p).st_ino for p in mine] == [os.stat(dest).st_ino]
+            return linked, same
+        finally:
+            await src.aclose()
+
+    assert asyncio.run(take("models/link-gz:v1", tmp_path / "gz.part")) == (True, True)
+    assert (tmp_path / "gz.part").read_bytes() == data
+    assert asyncio.run(take("models/link-tar:v1", tmp_path / "tar.part")) == (False, False)
+    assert not (tmp_path / "tar.part").exists()
+    for tag in ("models/link-gz:v1", "models/link-tar:v1"):
+        got = NodeStore(tmp_path / tag.replace("/", "-")).pull(f"oci://{reg.ref(tag)}")
+        assert (got.snapshot / "w.bin").read_bytes() == data

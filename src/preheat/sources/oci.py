@@ -157,6 +157,24 @@ class OciSource(RegistryBlobSource):
         await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
         return self.layers.staged(sha)
 
+    async def take_file(self, location: Location, dest: Path) -> bool:
+        """Hard-link the staged tar member at ``location`` to ``dest`` (the fill's
+        partial file) instead of copying it: True when linked; False for anything else (a
+        plain tar's member inside its layer file, a registry blob, staging on another
+        filesystem), which the fill then copies."""
+        if location.url not in self._members:
+            return False
+        path, base = await self._staged(location.url)
+        if base:  # a plain tar's member: its bytes are inside the layer file
+            return False
+        try:
+            await asyncio.to_thread(os.link, path, dest)
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
+                return False
+            raise
+        return True
+
     async def fetch_to_fd(
         self,
         location: Location,
