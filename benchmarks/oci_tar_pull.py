@@ -5,8 +5,9 @@ pushed to Debian's docker-registry on 127.0.0.1 three times, as ``weight.v1.raw`
 (one per file), ``weight.v1.tar`` layers and ``weight.v1.tar+zstd`` layers. Each is
 pulled ``--trials`` times with ``NodeStore.pull`` into an empty store, alternating the
 formats, after ``sync``. A raw layer goes straight into the store over ranged parallel
-GETs; a tar layer is downloaded whole, verified, unpacked into staging, then copied
-into the store. A last row: the tar model's second revision (one file changed) pulled
+GETs; a tar layer is downloaded whole, verified, and read in place (plain tar: its
+members copied into the store) or unpacked into staging (tar+zstd: the staged files
+hard-linked into the store). A last row: the tar model's second revision (one file changed) pulled
 into the warm store. Prints a Markdown table and a JSON line.
 
     .venv/bin/python benchmarks/oci_tar_pull.py                  # 256 MiB, 4 files, 3 trials

@@ -4,14 +4,19 @@ stores)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import os
+import resource
+import signal
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from preheat.errors import ImageDigestMismatch, InsufficientSpace
+from preheat.errors import ImageDigestMismatch, InsufficientSpace, UnsupportedMediaType
 from preheat.store.store import NodeStore
 from preheat.testing.registry import ModelLayer, Registry, registry, tar_layer
 
@@ -97,3 +102,129 @@ def test_a_big_tar_layer_is_spliced_in_ranges_and_still_verified(
     with pytest.raises(ImageDigestMismatch, match="refused before unpacking"):
         fresh.pull(f"oci://{reg.ref('models/ranges-swapped:v1')}")
     assert fresh.snapshots() == [] and not (tmp_path / "escape.bin").exists()
+
+
+def _zstd_frames(raw: bytes, parts: int, *, sizes: str = "all") -> bytes:
+    """``raw`` cut into ``parts`` pieces, each its own zstd frame (as pzstd and seekable
+    zstd write them); each declares its content size (``sizes="all"``), or only the
+    first one does (``"first"``)."""
+    import zstandard
+
+    cut = [len(raw) * i // parts for i in range(parts + 1)]
+    out = []
+    for n, (a, b) in enumerate(itertools.pairwise(cut)):
+        if sizes == "all" or n == 0:
+            out.append(zstandard.ZstdCompressor().compress(raw[a:b]))
+        else:  # streamed: the frame header has no content size
+            co = zstandard.ZstdCompressor().compressobj()
+            out.append(co.compress(raw[a:b]) + co.flush())
+    return b"".join(out)
+
+
+def _lying_frame(data: bytes, declared: int) -> bytes:
+    """One zstd frame of ``data`` whose header declares ``declared`` bytes (a forged or
+    corrupt layer; the layer digest is of these bytes, so it verifies)."""
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=17)
+    frame = bytearray(zstandard.ZstdCompressor(compression_params=params).compress(data))
+    fhd = frame[4]
+    assert fhd >> 6 == 2 and not fhd & 0x23  # 4-byte size, window byte, no dictionary
+    frame[6:10] = struct.pack("<I", declared)
+    assert zstandard.get_frame_parameters(bytes(frame)).content_size == declared
+    return bytes(frame)
+
+
+@contextlib.contextmanager
+def _disk_of(limit: int) -> Iterator[None]:
+    """No file this process writes may grow past ``limit`` bytes (EFBIG, as on a full
+    disk) while the block runs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+@pytest.mark.parametrize("sizes", ["all", "first"])
+def test_a_multi_frame_zstd_layer_is_reserved_and_staged_whole(
+    reg: Registry, tmp_path: Path, sizes: str
+) -> None:
+    """A tar+zstd layer in 4 frames (each declaring its size, or only the first): the
+    reservation is the whole unpacked tar, not the first frame's 1.1 MiB, so a 2 MiB store
+    refuses it before unpacking; a store with room gets every file, byte for byte."""
+    files = [("a.bin", os.urandom(256 << 10)), ("zeros.bin", bytes(4 * MiB))]
+    files.append(("b.bin", os.urandom(256 << 10)))
+    raw = tar_layer(files)
+    layer = _zstd_frames(raw, 4, sizes=sizes)
+    assert len(layer) < MiB
+    tag = f"models/frames-{sizes}:v1"
+    reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+zstd", layer)])
+    small = NodeStore(tmp_path / "small", capacity=2 * MiB, high_watermark=1.0)
+    with pytest.raises(InsufficientSpace, match="nothing was unpacked") as info:
+        small.pull(f"oci://{reg.ref(tag)}")
+    assert info.value.need >= len(raw)
+    assert _staged(small) == [] and small.usage().reserved == 0 and small.snapshots() == []
+    store = NodeStore(tmp_path / "store", capacity=32 * MiB, high_watermark=1.0)
+    got = store.pull(f"oci://{reg.ref(tag)}")
+    for name, data in files:
+        assert (got.snapshot / name).read_bytes() == data
+    assert store.usage().reserved == 0 and _staged(store) == []
+
+
+def test_a_zstd_frame_that_unpacks_past_its_declared_size_is_refused_before_the_disk_fills(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """A layer whose second frame declares 1 MiB but unpacks to 63 MiB: refused as
+    unreadable within its declared size (the files this process writes are capped at
+    8 MiB, so staging it would fail with EFBIG instead), nothing published or reserved."""
+    raw = tar_layer([("zeros.bin", bytes(64 * MiB))])
+    layer = _zstd_frames(raw[:MiB], 1) + _lying_frame(raw[MiB:], MiB)
+    reg.push_model_layers("models/lying:v1", [ModelLayer(f"{WEIGHT}+zstd", layer)])
+    store = NodeStore(tmp_path / "store", capacity=16 * MiB, high_watermark=1.0)
+    with _disk_of(8 * MiB), pytest.raises(UnsupportedMediaType, match="not a readable") as info:
+        store.pull(f"oci://{reg.ref('models/lying:v1')}")
+    assert "too large" not in str(info.value)
+    assert _staged(store) == [] and store.usage().reserved == 0 and store.snapshots() == []
+
+
+def test_an_unpacked_tar_member_is_linked_into_the_fill_not_copied(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """A gzip tar layer's member staged under the store's tmp/ is hard-linked to the fill's
+    partial file (one inode, no second copy); a plain tar's member, which stays inside
+    its layer file, is not; a pull of each still publishes the right bytes."""
+    import asyncio
+
+    from preheat.sources.oci import OciSource, oci_ref
+
+    data = os.urandom(MiB)
+    reg.push_model_layers(
+        "models/link-gz:v1", [ModelLayer(f"{WEIGHT}+gzip", tar_layer([("w.bin", data)], "gzip"))]
+    )
+    reg.push_model_layers("models/link-tar:v1", [ModelLayer(WEIGHT, tar_layer([("w.bin", data)]))])
+    store = NodeStore(tmp_path / "store")
+
+    async def take(tag: str, dest: Path) -> tuple[bool, bool]:
+        """(linked, dest is the staged file's inode) for the member w.bin of ``tag``."""
+        src = OciSource(oci_ref(f"oci://{reg.ref(tag)}"))
+        src.bind_store(store.layout, {})
+        try:
+            res = await src.resolve()
+            linked = await src.take_file(res.locations["w.bin"], dest)
+            mine = [p for p in _staged(store) if p.name == hashlib.sha256(data).hexdigest()]
+            same = linked and [os.stat(p).st_ino for p in mine] == [os.stat(dest).st_ino]
+            return linked, same
+        finally:
+            await src.aclose()
+
+    assert asyncio.run(take("models/link-gz:v1", tmp_path / "gz.part")) == (True, True)
+    assert (tmp_path / "gz.part").read_bytes() == data
+    assert asyncio.run(take("models/link-tar:v1", tmp_path / "tar.part")) == (False, False)
+    assert not (tmp_path / "tar.part").exists()
+    for tag in ("models/link-gz:v1", "models/link-tar:v1"):
+        got = NodeStore(tmp_path / tag.replace("/", "-")).pull(f"oci://{reg.ref(tag)}")
+        assert (got.snapshot / "w.bin").read_bytes() == data

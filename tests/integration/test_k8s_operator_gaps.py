@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import signal
 import sys
 import threading
@@ -47,6 +48,7 @@ pytestmark = pytest.mark.kubernetes
 NS = "k8s-gaps"
 API = f"/apis/preheat.dev/v1alpha1/namespaces/{NS}"
 APPS = f"/apis/apps/v1/namespaces/{NS}"
+_RVK = "/apis/preheat.dev/v1alpha1/revocations"
 
 
 @dataclass
@@ -68,11 +70,19 @@ class World:
         return executor, ReconcileLoop(executor, FleetLog(None))
 
     def apply_endpoint(
-        self, name: str, replicas: int, fallback: tuple[str, ...] = (), **cache: Any
+        self,
+        name: str,
+        replicas: int,
+        fallback: tuple[str, ...] = (),
+        source: str | None = None,
+        **cache: Any,
     ) -> None:
         doc: dict[str, Any] = {
             "name": name,
-            "model": {"source": self.source, "fallback": [{"source": f} for f in fallback]},
+            "model": {
+                "source": source or self.source,
+                "fallback": [{"source": f} for f in fallback],
+            },
             "engine": {"simulated": {"profile": "tiny"}},
             "replicas": {"min": replicas, "max": 8},
         }
@@ -83,6 +93,23 @@ class World:
 
     def get(self, path: str) -> Any:
         return self.kube.rest().get(path)
+
+    def revoke(self, name: str, key: str, loops: Any) -> None:
+        """Create the Revocation ``name`` of ``key``, forget the Events so far, and run
+        3 passes of each of ``loops`` (name -> (executor, loop)), none failing."""
+        self.kube.rest().must("POST", _RVK, {
+            "apiVersion": "preheat.dev/v1alpha1", "kind": "Revocation",
+            "metadata": {"name": name}, "spec": {"key": key, "reason": name},
+        })  # fmt: skip
+        self.events.clear()
+        for _, loop in loops.values():
+            _passes(loop, 3)
+            assert loop.log.errors == 0, list(loop.log.messages)
+
+    def revision(self, name: str) -> str:
+        """The revision the endpoint's Deployment (variant ``main``) runs."""
+        dep = self.get(f"{APPS}/deployments/{name}-main")
+        return str(dep["spec"]["template"]["metadata"]["annotations"][REVISION_ANNOTATION])
 
     def items(self, path: str) -> list[dict[str, Any]]:
         return list(self.get(path)["items"])
@@ -387,34 +414,22 @@ def test_a_revoked_revision_rolls_to_the_fallback_or_degrades(world: World) -> N
     for _, loop in loops.values():
         _passes(loop, 2)
 
-    def revision(name: str) -> str:
-        dep = world.get(f"{APPS}/deployments/{name}-main")
-        return str(dep["spec"]["template"]["metadata"]["annotations"][REVISION_ANNOTATION])
-
-    r1 = revision("fb")
-    assert revision("nofb") == r1
-    rvk = "/apis/preheat.dev/v1alpha1/revocations"
-    world.kube.rest().must("POST", rvk, {
-        "apiVersion": "preheat.dev/v1alpha1", "kind": "Revocation",
-        "metadata": {"name": "withdrawn"}, "spec": {"key": r1, "reason": "withdrawn"},
-    })  # fmt: skip
-    world.events.clear()
-    for _, loop in loops.values():
-        _passes(loop, 3)
-        assert loop.log.errors == 0, list(loop.log.messages)
-    r0 = revision("fb")
+    r1 = world.revision("fb")
+    assert world.revision("nofb") == r1
+    world.revoke("withdrawn", r1, loops)
+    r0 = world.revision("fb")
     assert r0 != r1 and loops["fb"][0].fallbacks["main"][0].revision == r0
     prog = world.condition("fb", "Progressing")
     assert (prog["status"], prog["reason"]) == ("True", "RollingToFallback"), prog
-    assert revision("nofb") == r1
+    assert world.revision("nofb") == r1
     deg = world.condition("nofb", "Degraded")
     assert (deg["status"], deg["reason"]) == ("True", "Revoked") and "fallback" in deg["message"]
     revoked = [(n, m) for n, r, m in world.events if r == "Revoked"]
     assert {n for n, _ in revoked} == {"fb", "nofb"} and len(revoked) == 2  # once each
-    world.kube.rest().must("DELETE", f"{rvk}/withdrawn")
+    world.kube.rest().must("DELETE", f"{_RVK}/withdrawn")
     for _, loop in loops.values():
         _passes(loop, 2)
-    assert revision("fb") == r1
+    assert world.revision("fb") == r1
     deg = world.condition("nofb", "Degraded")
     assert deg["status"] == "False", deg
 
@@ -478,3 +493,47 @@ def test_a_revoked_image_rolls_to_the_image_fallback_or_degrades(world: World) -
     assert image in images("imgfb") and fallback not in images("imgfb")
     deg = world.condition("imgnofb", "Degraded")
     assert deg["status"] == "False", deg
+
+
+# --- revoke (issue 11): a revoked tar layer of an oci:// revision ----------------------
+
+
+def test_a_revoked_tar_layer_rolls_the_revisions_built_from_it(
+    world: World, tmp_path: Path
+) -> None:
+    """A Revocation of one tar layer (a shared tokenizer) of an oci:// revision: the
+    endpoint with a model.fallback not built from it rolls its Deployment to the fallback
+    (Progressing RollingToFallback); the one without reports Degraded=True Revoked; one
+    Revoked Event each. The operator learns the layers from the revision's manifest."""
+    from preheat.testing.registry import ModelLayer, registry, tar_layer
+
+    tar = "application/vnd.cncf.model.weight.v1.tar"
+    shared = tar_layer([("tokenizer.json", b'{"v": 1}')])
+    layer = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with registry(tmp_path / "registry") as reg:
+        reg.push_model_layers("models/m:v1", [
+            ModelLayer(tar, shared), ModelLayer(tar, tar_layer([("w.bin", b"1" * 4096)])),
+        ])  # fmt: skip
+        reg.push_model_layers("models/m:v0", [ModelLayer(tar, tar_layer([("w.bin", b"0" * 4096)]))])
+        v1_ref, v0_ref = f"oci://{reg.ref('models/m:v1')}", f"oci://{reg.ref('models/m:v0')}"
+        world.apply_endpoint("layerfb", 1, fallback=(v0_ref,), source=v1_ref)
+        world.apply_endpoint("layernofb", 1, source=v1_ref)
+        loops = {n: world.executor(n) for n in ("layerfb", "layernofb")}
+        for _, loop in loops.values():
+            _passes(loop, 2)
+
+        v1 = world.revision("layerfb")
+        assert world.revision("layernofb") == v1 and v1 != layer
+        try:
+            world.revoke("tokenizer-cve", layer, loops)
+        finally:
+            world.kube.rest().must("DELETE", f"{_RVK}/tokenizer-cve")
+    v0 = world.revision("layerfb")
+    assert v0 not in (v1, layer) and loops["layerfb"][0].fallbacks["main"][0].revision == v0
+    prog = world.condition("layerfb", "Progressing")
+    assert (prog["status"], prog["reason"]) == ("True", "RollingToFallback"), prog
+    assert world.revision("layernofb") == v1
+    deg = world.condition("layernofb", "Degraded")
+    assert (deg["status"], deg["reason"]) == ("True", "Revoked") and "fallback" in deg["message"]
+    revoked = [n for n, r, _ in world.events if r == "Revoked"]
+    assert sorted(revoked) == ["layerfb", "layernofb"]  # once each

@@ -50,3 +50,20 @@ def test_a_plain_tar_stages_its_own_size(tmp_path: Path) -> None:
     plain = tmp_path / "l.tar"
     n = _write(plain, b"x" * 10_240)
     assert unpacked_size(plain, "", n) == n
+
+
+def test_zstd_size_sums_every_frame_and_skips_skippable_ones(tmp_path: Path) -> None:
+    """Frames with checksums, random (raw blocks) and zeros (RLE blocks), with a skippable
+    frame between them, sum to their contents from the headers alone; with a last frame
+    that declares no size, the whole stream is counted."""
+    rnd = os.urandom(300 << 10)
+    checked = zstandard.ZstdCompressor(write_checksum=True)
+    skip = (0x184D2A5A).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"xxxxx"
+    stream = checked.compress(rnd) + skip + zstandard.ZstdCompressor().compress(bytes(2 * MiB))
+    whole = tmp_path / "frames.zst"
+    n = _write(whole, stream)
+    assert unpacked_size(whole, "zstd", n) == len(rnd) + 2 * MiB
+    co = zstandard.ZstdCompressor().compressobj()  # streamed: declares no size
+    mixed = tmp_path / "mixed.zst"
+    n = _write(mixed, stream + co.compress(bytes(MiB)) + co.flush())
+    assert unpacked_size(mixed, "zstd", n) == len(rnd) + 3 * MiB

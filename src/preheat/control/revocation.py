@@ -24,12 +24,21 @@ the new template is a new version, so the surge rollout moves the replicas), or,
 none, is held and reported exactly like a revoked revision. A stable version whose
 template runs a revoked image is no rollback target. Both can apply to one variant in
 one tick (a revoked revision *and* a revoked image): each is substituted or held on its
-own. Pure: no I/O, no clock.
+own.
+
+A revoked *layer* (a tar or raw layer digest of an ``oci://`` revision: a vulnerable
+tokenizer file, a withdrawn weight shard) revokes every revision built from it:
+``revoked_by_layers`` names them, from what the adapter knows of each revision's layers
+(the operator: the revision's OCI manifest; the local fleet: the stores' records of what
+was unpacked from which layer), and they join ``Observed.revoked``, so a variant on one
+rolls to its fallback or is held exactly as above, a fallback built from the layer is
+skipped, and no rollback goes to a stable version built from it. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Iterable, Mapping
 
 from preheat.control.state import (
     Desired,
@@ -40,7 +49,7 @@ from preheat.control.state import (
     template_of,
 )
 
-__all__ = ["Substitution", "substitute"]
+__all__ = ["Substitution", "revoked_by_layers", "substitute"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +61,14 @@ class Substitution:
     held: frozenset[str]
     #: Templates that run a revoked image: no rollback goes to a version with one.
     revoked_templates: frozenset[str] = frozenset()
+
+
+def revoked_by_layers(keys: Collection[str], layers: Mapping[str, Iterable[str]]) -> frozenset[str]:
+    """The revisions of ``layers`` (revision -> digests of the layers it is built from)
+    that have a layer among the revoked ``keys``: each counts as revoked itself."""
+    if not keys:
+        return frozenset()
+    return frozenset(rev for rev, ds in layers.items() if any(d in keys for d in ds))
 
 
 def _fallback(dv: DesiredVariant, revoked: frozenset[str]) -> tuple[str, int] | None:

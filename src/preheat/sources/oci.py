@@ -157,6 +157,24 @@ class OciSource(RegistryBlobSource):
         await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
         return self.layers.staged(sha)
 
+    async def take_file(self, location: Location, dest: Path) -> bool:
+        """Hard-link the staged tar member at ``location`` to ``dest`` (the fill's
+        partial file) instead of copying it: True when linked; False for anything else (a
+        plain tar's member inside its layer file, a registry blob, staging on another
+        filesystem), which the fill then copies."""
+        if location.url not in self._members:
+            return False
+        path, base = await self._staged(location.url)
+        if base:  # a plain tar's member: its bytes are inside the layer file
+            return False
+        try:
+            await asyncio.to_thread(os.link, path, dest)
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
+                return False
+            raise
+        return True
+
     async def fetch_to_fd(
         self,
         location: Location,
@@ -318,6 +336,22 @@ class OciSource(RegistryBlobSource):
 
 
 _File = tuple[int, str | None, Location]  # size, sha256, where its bytes are
+
+
+async def manifest_layers(source: str, revision: str) -> tuple[str, ...]:
+    """The layer digests of the ``oci://`` ``source``'s revision ``revision`` (its
+    manifest digest), asked of the registry: one manifest, no layer moves. What a
+    revoked layer is matched against where no store recorded the unpacking (the
+    Kubernetes operator)."""
+    ref = parse_image_ref(source.removeprefix("oci://"))
+    client = RegistryClient(ref, credentials=load_credentials(ref.registry), retries=2)
+    try:
+        got = await client.manifest(revision)
+    finally:
+        await client.aclose()
+    raw = load(got.body, f"{ref.name}@{revision}").get("layers")
+    layers = raw if isinstance(raw, list) else []
+    return tuple(str(x["digest"]) for x in layers if isinstance(x, dict) and "digest" in x)
 
 
 def _node_platform() -> Platform:

@@ -12,6 +12,7 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = ["layer_users", "record_users", "sha256_file", "unpacked_size", "write_json"]
 
@@ -23,8 +24,9 @@ def unpacked_size(blob: Path, compression: str, size: int) -> int:
     stream's length bounds its members): a plain tar's own size; gzip's ISIZE trailer
     (the length mod 2**32, lifted by 4 GiB steps when it is below what the compressed
     size implies); zstd's frame content
-    size (of the first frame: a multi-frame stream may stage more), else the decompressed
-    length counted (a stream written without one)."""
+    sizes summed over every frame (``_zstd_declared``; the decoder refuses a frame that
+    unpacks past its declared size), else, when a frame declares none, the decompressed
+    length counted."""
     if compression == "gzip":
         with open(blob, "rb") as f:
             f.seek(max(0, size - 4))
@@ -38,19 +40,53 @@ def unpacked_size(blob: Path, compression: str, size: int) -> int:
         import zstandard
 
         with open(blob, "rb") as f:
-            try:
-                n = zstandard.frame_content_size(f.read(18))
-            except zstandard.ZstdError:
-                n = -1
-            if n >= 0:
-                return max(int(n), 0)
+            declared = _zstd_declared(f, size)
+            if declared is not None:
+                return declared
             f.seek(0)
             total = 0
-            with zstandard.ZstdDecompressor().stream_reader(f) as r:
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            with reader as r:
                 while chunk := r.read(_READ):
                     total += len(chunk)
             return total
     return size
+
+
+def _zstd_declared(f: BinaryIO, size: int) -> int | None:
+    """The content sizes of every zstd frame in the ``size`` bytes of ``f`` summed,
+    walking frame and block headers without decompressing (skippable frames unpack to
+    nothing); None when a frame declares no size or the stream is not well formed (the
+    caller counts instead, and unpacking reports the damage)."""
+    import zstandard
+
+    total, pos = 0, 0
+    while pos < size:
+        f.seek(pos)
+        head = f.read(18)
+        magic = int.from_bytes(head[:4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame: magic, size, payload
+            pos += 8 + int.from_bytes(head[4:8], "little")
+            continue
+        try:
+            declared = zstandard.get_frame_parameters(head).content_size
+            pos += zstandard.frame_header_size(head)
+        except zstandard.ZstdError:
+            return None
+        if declared == zstandard.CONTENTSIZE_UNKNOWN or declared < 0:
+            return None
+        total += declared
+        while True:  # blocks: 3-byte header (last flag, type, size); RLE keeps 1 byte
+            f.seek(pos)
+            block = f.read(3)
+            if len(block) < 3:
+                return None
+            word = int.from_bytes(block, "little")
+            pos += 3 + (1 if (word >> 1) & 3 == 1 else word >> 3)
+            if word & 1:
+                break
+        pos += 4 if head[4] & 0x04 else 0  # content checksum
+    return total if pos == size else None
 
 
 def sha256_file(path: Path) -> str:

@@ -107,7 +107,8 @@ def _open_tar(f: IO[bytes], compression: str) -> tarfile.TarFile:
     if compression == "zstd":
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=_COPY)
+        dctx = zstandard.ZstdDecompressor()
+        reader = dctx.stream_reader(f, read_size=_COPY, read_across_frames=True)
         return tarfile.open(fileobj=reader, mode="r|", bufsize=_COPY)
     if compression == "gzip":
         return tarfile.open(fileobj=f, mode="r|gz", bufsize=_COPY)

@@ -4,9 +4,10 @@ A snapshot file that lives inside a tar layer has no URL of its own: ``LayerStag
 downloads the whole layer (resuming after a dropped connection), checks its sha256
 against the layer digest *before* reading a byte of the tar, and unpacks it with
 ``oci_layers.scan_layer`` into a staging directory, each file once under its sha256.
-The fill then copies a file from there (``copy_file_range``, in the kernel) and verifies
-it again on its way into the store. A plain ``.tar`` layer is not unpacked at all: its
-members are hashed where they lie in the downloaded layer and copied from there.
+The fill then hard-links a file from there into the store (``OciSource.take_file``) and
+verifies it again on its way. A plain ``.tar`` layer is not unpacked at all: its members
+are hashed where they lie in the downloaded layer and copied from there
+(``copy_file_range``, in the kernel).
 
 The listing of a layer (its ``LayerDiff``: paths, sizes, sha256s, whiteouts) depends on
 the layer's bytes alone, so it is kept under ``<store>/oci-layers/<mode>-<digest>.json``
@@ -15,12 +16,12 @@ revision that reuses the layer resolves without fetching it, and when the store 
 every blob of it, nothing of it moves at all. Unbound (``preheat cache resolve``), the
 listing lives in memory and staging in the system temp dir.
 
-Staging lives in ``<store>/tmp/oci-<random>/`` (the store's filesystem, so the copy
-into ``blobs/`` is local) and is removed by ``aclose``. Its owner holds an ``flock`` on
+Staging lives in ``<store>/tmp/oci-<random>/`` (the store's filesystem, so a staged
+file can be linked into ``blobs/``) and is removed by ``aclose``. Its owner holds an ``flock`` on
 ``.lock`` inside it; a new stager removes every other ``oci-*`` directory whose lock
 nobody holds (what a killed pull left behind). Peak disk use of a pull is about the
-unpacked size of its new tar layers twice (staging, then the store's blobs) plus one
-compressed layer. Bound with the store's ``Space``, the stager reserves each layer's
+unpacked size of its new tar layers once (staged files become the blobs; a plain tar
+layer's members are copied out, so twice) plus one compressed layer. Bound with the store's ``Space``, the stager reserves each layer's
 compressed size before downloading it and its unpacked size (``unpacked_size``) before
 unpacking it, so a pull that cannot fit fails with ``InsufficientSpace`` before those
 bytes are written (the compressed reservation goes with the layer file, the unpacked one

@@ -7,6 +7,9 @@ How one file is fetched (``fetch_blob``):
   a single big file uses every connection and many small files share them.
 - Bytes land at their offsets in ``tmp/<key>.part``: moved by the kernel where the source
   offers a direct path (splice for http://, copy_file_range for file://), else ``os.pwrite``.
+  A source that already holds the whole file on the store's filesystem (an unpacked tar
+  member in ``oci://`` staging) may link it there instead (``take_file``); it is then
+  only hashed.
 - Hashing overlaps the download: a thread follows the *contiguous* written prefix and
   hashes it through a read-only mmap (no copy), so ranges may finish in any order.
 - Each finished range is handed to the kernel for writeback at once
@@ -147,7 +150,10 @@ async def _fetch_blob(
     part = ctx.layout.tmp / f"{key}.part"
     state = ctx.layout.tmp / f"{key}.json"
     chunk = ctx.chunk
+    taken = await _take(ctx, location, part, size)
     done = load_state(state, size, chunk, location.fingerprint) if part.exists() else set()
+    if taken:  # the whole file is there already: only hashed, below
+        done = set(range(Progress(size, chunk, set()).n))
     fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         while True:
@@ -155,7 +161,7 @@ async def _fetch_blob(
                 os.ftruncate(fd, 0)
             os.ftruncate(fd, size)
             prog = Progress(size, chunk, done)
-            resumed = sum(prog.length(i) for i in done)
+            resumed = 0 if taken else sum(prog.length(i) for i in done)
             ctx.stats.resumed += resumed
             hasher = loop.run_in_executor(ctx.executor, prog.hash_following, fd)
             try:
@@ -204,6 +210,19 @@ async def _fetch_blob(
     # a rename and an unlink wait on the filesystem journal: not on the event loop
     await loop.run_in_executor(ctx.executor, publish_part, ctx, part, state, actual)
     return actual
+
+
+async def _take(ctx: FillContext, location: Location, part: Path, size: int) -> bool:
+    """Whether the source put the whole file at ``part`` itself (``take_file``: a tar
+    member staged on the store's filesystem is hard-linked there, not copied); its bytes
+    then count as fetched, and it is hashed and verified like any other partial file."""
+    take = getattr(ctx.source, "take_file", None)
+    if take is None or part.exists() or not await take(location, part):
+        return False
+    ctx.stats.fetched += size
+    if ctx.on_bytes is not None:
+        ctx.on_bytes(size)
+    return True
 
 
 def _disk_full(

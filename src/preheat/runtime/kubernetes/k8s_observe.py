@@ -30,11 +30,7 @@ from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.discovery import variant_service_name
 from preheat.runtime.kubernetes.k8s_executor_base import _CACHES, _ENDPOINTS, ExecutorBase, _Pass
 from preheat.runtime.kubernetes.resources import endpoint_from_object
-from preheat.runtime.kubernetes.revocations import (
-    list_revocations,
-    resolve_fallbacks,
-    revoked_revisions,
-)
+from preheat.runtime.kubernetes.revocations import list_revocations, resolve_fallbacks
 from preheat.runtime.kubernetes.workload import (
     REVISION_ANNOTATION,
     VERSION_ANNOTATION,
@@ -126,7 +122,8 @@ class Observer(ExecutorBase):
         if not keys:
             return frozenset()
         fallbacks = [r for fbs in self.fallbacks.values() for r in fbs]
-        revoked = revoked_revisions(keys, [*self.resolved.values(), *fallbacks])
+        known = [*self.resolved.values(), *fallbacks]
+        revoked = await self.images.revoked_revisions(keys, known, self.notices)
         generation = ep["metadata"].get("generation", 0)
         current = {r.revision for r in self.resolved.values()}
         if revoked & current and self.fallbacks_generation != generation:
@@ -134,7 +131,8 @@ class Observer(ExecutorBase):
             self.fallbacks_generation = generation
             self.notices.extend(problems)
             fallbacks = [r for fbs in self.fallbacks.values() for r in fbs]
-            revoked = revoked_revisions(keys, [*self.resolved.values(), *fallbacks])
+            known = [*self.resolved.values(), *fallbacks]
+            revoked = await self.images.revoked_revisions(keys, known, self.notices)
         images, problems = await self.images.revoked(spec, keys)
         self.notices.extend(p for p in problems if p not in self.notices)
         return revoked | images

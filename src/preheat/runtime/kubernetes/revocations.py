@@ -23,7 +23,10 @@ digest, as in ``preheat cache|image revoke``. Deleting the object lifts it.
   ``model.fallback`` (resolved here, once per generation, only when needed) or report
   ``Degraded=True Revoked``, with an Event either way. An image digest the same way
   (``ImageRevocations``): the variant's Deployment moves to its ``image.fallback``
-  (``running_variant``), or the endpoint reports ``Degraded=True Revoked``.
+  (``running_variant``), or the endpoint reports ``Degraded=True Revoked``. A layer
+  digest of an ``oci://`` revision revokes that revision (``ImageRevocations.
+  revoked_revisions``: the revision's manifest, asked of the registry once, lists its
+  layers), so the endpoint rolls or degrades as for a revoked revision.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from preheat.artifacts.refs import redact_url
+from preheat.control.revocation import revoked_by_layers
 from preheat.control.spec_types import EndpointSpec, VariantSpec
 from preheat.errors import PreheatError
 from preheat.images.cache import resolve_digests
@@ -47,6 +51,7 @@ from preheat.runtime.kubernetes.conditions import Condition, merge_conditions
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.workload import template_fingerprint
 from preheat.runtime.nodestore import open_source
+from preheat.sources.oci import manifest_layers
 from preheat.store.revoke import normalise
 from preheat.store.store import NodeStore
 
@@ -128,10 +133,13 @@ class ImageRevocations:
     each variant's ``image`` names (a digest reference names itself; a tag is resolved
     with the registry once and remembered, so the answer stays once the image is
     revoked and gone), and each ``image.fallback`` list, resolved only while the image
-    it backs is revoked."""
+    it backs is revoked. Also the layers of each ``oci://`` model revision, for
+    revoked layers (``revoked_revisions``)."""
 
     def __init__(self) -> None:
         self.digests: dict[str, tuple[str, ...]] = {}
+        #: ``oci://`` revision (manifest digest, immutable) -> its layer digests.
+        self.layers: dict[str, tuple[str, ...]] = {}
         #: variant -> (its fallback refs as written, resolved ``(ref, digests)``).
         self.fallbacks: dict[
             str, tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]
@@ -147,6 +155,27 @@ class ImageRevocations:
                 )
                 return None
         return self.digests[ref]
+
+    async def revoked_revisions(
+        self, keys: Mapping[str, str], resolved: Iterable[es.Resolved], problems: list[str]
+    ) -> frozenset[str]:
+        """``revoked_revisions``, plus the ``oci://`` revisions among ``resolved`` built
+        from a revoked layer (their layers asked of the registry once; one that cannot
+        be asked is said in ``problems`` and asked again next pass)."""
+        resolved = list(resolved)
+        direct = revoked_revisions(keys, resolved)
+        if not keys:
+            return direct
+        for r in resolved:
+            if r.source.startswith("oci://") and r.revision not in self.layers:
+                try:
+                    self.layers[r.revision] = await manifest_layers(r.source, r.revision)
+                except (PreheatError, OSError) as exc:
+                    note = f"{redact_url(r.source)}: layers not known ({redact_url(str(exc))})"
+                    if note not in problems:
+                        problems.append(note)
+        known = {r.revision: self.layers.get(r.revision, ()) for r in resolved}
+        return direct | revoked_by_layers(keys.keys(), known)
 
     async def revoked(
         self, spec: EndpointSpec, keys: Mapping[str, str]
