@@ -1,0 +1,96 @@
+"""Downloads of weights onto a simulated node: room, source, warm-ups, cancellation.
+
+Pure. A fill reserves room on the node's store (``NodeDisk.reserve``: ``plan_eviction``
+decides what goes), then downloads from a peer that holds the revision (``--peers on``,
+the one uploading least) or the origin. A planner ``Warm`` is a fill owned by no replica;
+a refusal is ``unfit`` when the disk can never hold the model and ``failed`` (retried
+when the node's space changes) when leases hold the room. With cache policy ``none``
+there is no store: a replica's fill downloads into scratch space that goes with it.
+"""
+
+from __future__ import annotations
+
+from preheat.control.state import CacheView
+from preheat.sim.coldstart_config import ModelSpec
+from preheat.sim.coldstart_fleet import FleetState
+from preheat.sim.coldstart_flows import ORIGIN
+from preheat.sim.coldstart_replicas import Fill
+from preheat.sim.coldstart_store import NodeDisk, Refusal
+
+__all__ = ["Fills"]
+
+
+class Fills(FleetState):
+    """The fleet's downloads of weights (see the module docstring)."""
+
+    def _source(self, node: str, revision: str) -> str:
+        if self.peers:
+            holders = [
+                n.name for n in self.nodes.values() if n.up and n.name != node and n.holds(revision)
+            ]
+            if holders:
+                return min(holders, key=lambda h: (self.net.uploads(h), h))
+        return ORIGIN
+
+    def _fill(self, node: NodeDisk, spec: ModelSpec, owner: str) -> Fill | Refusal:
+        if self.store:
+            got = node.reserve(spec.revision, spec.size, self.agenda.now)
+            if isinstance(got, Refusal):
+                return got
+            self.evictions.extend(got)
+            for ev in got:
+                self.dirty.add(ev.revision.removeprefix("rev-"))
+        source = self._source(node.name, spec.revision)
+        t = self.net.start(node.name, spec.revision, source, spec.size)
+        fill = Fill(node.name, spec.revision, spec.size, t.id, source, owner)
+        self.fills[(node.name, spec.revision)] = fill
+        self.by_transfer[t.id] = fill
+        self.failed_views.pop((node.name, spec.revision), None)
+        return fill
+
+    def warm(self, node_name: str, revision: str, model: str) -> None:
+        node = self.nodes[node_name]
+        if not node.up or node.holds(revision) or (node_name, revision) in self.fills:
+            return
+        got = self._fill(node, self.models[model].spec, "warm")
+        if isinstance(got, Refusal):
+            if got.permanent:
+                self.failed_views[(node_name, revision)] = CacheView("unfit", reason=got.reason)
+            else:
+                # Retried when this node's space changes (``space_changed``), not on a timer.
+                self.failed_views[(node_name, revision)] = CacheView(
+                    "failed", reason=got.reason, retry_at=float("inf")
+                )
+            return
+        self.warmups += 1
+        spec = self.models[model].spec
+        if spec.image is not None and not self.images.holds(node_name, spec.image):
+            self.images.pull(node_name, spec.image, spec.image_size)  # modelCacheConfig.image
+
+    def resource(self, fill: Fill) -> None:
+        """The fill's peer went away: go on with the rest from another source."""
+        old = self.net.remove(fill.transfer)
+        done = int(old.done) if old else 0
+        fill.fetched[fill.kind] += done
+        self.by_transfer.pop(fill.transfer, None)
+        fill.source = self._source(fill.node, fill.revision)
+        t = self.net.start(fill.node, fill.revision, fill.source, max(fill.size - done, 1))
+        fill.transfer = t.id
+        self.by_transfer[t.id] = fill
+
+    def space_changed(self, node: str) -> None:
+        """Warm-ups this node refused for room may fit now: let the planner retry them."""
+        for key in [
+            k for k, v in self.failed_views.items() if k[0] == node and v.state == "failed"
+        ]:
+            del self.failed_views[key]
+            self.dirty.add(key[1].removeprefix("rev-"))
+
+    def cancel_fill(self, fill: Fill) -> None:
+        self.net.remove(fill.transfer)
+        self.by_transfer.pop(fill.transfer, None)
+        self.fills.pop((fill.node, fill.revision), None)
+        node = self.nodes.get(fill.node)
+        if node is not None:
+            node.release(fill.revision)
+            self.space_changed(node.name)
