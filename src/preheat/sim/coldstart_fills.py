@@ -10,6 +10,7 @@ there is no store: a replica's fill downloads into scratch space that goes with 
 
 from __future__ import annotations
 
+from preheat.control.fanout import Mode, WarmRequest, plan_fanout
 from preheat.control.state import CacheView
 from preheat.sim.coldstart_config import ModelSpec
 from preheat.sim.coldstart_fleet import FleetState
@@ -18,6 +19,8 @@ from preheat.sim.coldstart_replicas import Fill
 from preheat.sim.coldstart_store import NodeDisk, Refusal
 
 __all__ = ["Fills"]
+
+_NEVER = float("inf")  # retried on an event (space freed, a fill ended), not on a timer
 
 
 class Fills(FleetState):
@@ -52,6 +55,12 @@ class Fills(FleetState):
         node = self.nodes[node_name]
         if not node.up or node.holds(revision) or (node_name, revision) in self.fills:
             return
+        if not self._admitted(node_name, revision):
+            self.held.add((node_name, revision))
+            self.failed_views[(node_name, revision)] = CacheView(
+                "failed", reason="waiting for an origin slot of the warm-up budget", retry_at=_NEVER
+            )
+            return
         got = self._fill(node, self.models[model].spec, "warm")
         if isinstance(got, Refusal):
             if got.permanent:
@@ -59,13 +68,56 @@ class Fills(FleetState):
             else:
                 # Retried when this node's space changes (``space_changed``), not on a timer.
                 self.failed_views[(node_name, revision)] = CacheView(
-                    "failed", reason=got.reason, retry_at=float("inf")
+                    "failed", reason=got.reason, retry_at=_NEVER
                 )
             return
         self.warmups += 1
         spec = self.models[model].spec
         if spec.image is not None and not self.images.holds(node_name, spec.image):
             self.images.pull(node_name, spec.image, spec.image_size)  # modelCacheConfig.image
+
+    def _admitted(self, node: str, revision: str) -> bool:
+        """Whether the budget lets this warm-up start now (``control.fanout.plan_fanout``,
+        as the live node agent admits one). Every origin fill counts against it, a
+        replica's own included, so warm-ups yield the origin to starts; a node holding
+        the revision is a peer only with ``--peers on``."""
+        if self.budget is None:
+            return True
+        running = [(f.node, f.revision) for f in self.fills.values() if f.source == ORIGIN]
+        complete = {
+            n.name: frozenset({revision})
+            for n in self.nodes.values()
+            if self.peers and n.up and n.holds(revision)
+        }
+        req = WarmRequest(node, revision, frozenset({revision}))
+        return plan_fanout([req], complete, running, self.budget)[(node, revision)] is not Mode.WAIT
+
+    def origin_freed(self) -> None:
+        """A fill ended (done or cancelled): let the planner retry the held warm-ups that
+        may be admitted now: those of a revision a peer now holds (``--peers on``) and, in
+        (node, revision) order, as many as the budget has free origin slots. Admission is
+        still ``_admitted``'s; this only chooses whom to wake, so that a fill's end does not
+        re-plan every held warm-up of the fleet."""
+        if not self.held or self.budget is None:
+            return
+        origin = [f.revision for f in self.fills.values() if f.source == ORIGIN]
+        held = sorted(self.held, key=lambda k: (k[1], k[0]))
+        wake = []
+        if self.peers:
+            wake = [k for k in held if any(n.up and n.holds(k[1]) for n in self.nodes.values())]
+        if self.budget.concurrent_fills is None:
+            busy = set(origin)
+            for k in held:
+                if k[1] not in busy:
+                    busy.add(k[1])
+                    wake.append(k)
+        else:
+            wake += held[: max(self.budget.concurrent_fills - len(origin), 0)]
+        for key in wake:
+            if key in self.held:
+                self.held.discard(key)
+                self.failed_views.pop(key, None)
+                self.dirty.add(key[1].removeprefix("rev-"))
 
     def resource(self, fill: Fill) -> None:
         """The fill's peer went away: go on with the rest from another source."""
@@ -94,3 +146,4 @@ class Fills(FleetState):
         if node is not None:
             node.release(fill.revision)
             self.space_changed(node.name)
+        self.origin_freed()

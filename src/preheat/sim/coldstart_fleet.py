@@ -12,6 +12,7 @@ With cache policy ``none`` there is no store: the views report no cache on any n
 
 from __future__ import annotations
 
+from preheat.control.fanout import Budget
 from preheat.control.state import CacheView, NodeView, ReplicaView
 from preheat.sim.coldstart_config import Catalog
 from preheat.sim.coldstart_flows import Network
@@ -37,6 +38,7 @@ class FleetState:
         store: bool,
         peers: bool,
         priorities: bool,
+        budget: Budget | None = None,
     ) -> None:
         self.catalog = catalog
         self.agenda = agenda
@@ -44,11 +46,15 @@ class FleetState:
         self.store = store
         self.peers = peers
         self.priorities = priorities
+        #: The origin budget warm-ups are admitted under (``coldstart_fills``).
+        self.budget = budget
         self.nodes: dict[str, NodeDisk] = {}
         self.replicas: dict[str, SimReplica] = {}
         self.fills: dict[tuple[str, str], Fill] = {}
         self.by_transfer: dict[int, Fill] = {}
         self.failed_views: dict[tuple[str, str], CacheView] = {}
+        #: Warm-ups the budget holds back: (node, revision), retried when a fill ends.
+        self.held: set[tuple[str, str]] = set()
         self.models: dict[str, ModelState] = {}
         self.pins: dict[str, bool] = {}
         self.records: list[StartRecord] = []

@@ -227,6 +227,7 @@ class Lifecycle(Fills):
             self._weights_ready(r)
         self.dirty.add(model)  # a warm node for placement
         self.space_changed(fill.node)
+        self.origin_freed()
 
     def drain(self, rid: str, reason: str) -> None:
         r = self.replicas.get(rid)
