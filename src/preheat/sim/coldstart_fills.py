@@ -77,42 +77,55 @@ class Fills(FleetState):
             self.images.pull(node_name, spec.image, spec.image_size)  # modelCacheConfig.image
 
     def _admitted(self, node: str, revision: str) -> bool:
-        """Whether the budget lets this warm-up start now (``control.fanout.plan_fanout``,
-        as the live node agent admits one). Every origin fill counts against it, a
-        replica's own included, so warm-ups yield the origin to starts; a node holding
-        the revision is a peer only with ``--peers on``."""
+        """Whether the budget lets this warm-up start now. With ``--peers on`` and a node
+        that holds the revision, it warms from a peer, and only from one that serves
+        nobody now (a peer's link is shared with the starts it serves); otherwise it
+        needs an origin slot (``control.fanout.plan_fanout``, as the live node agent
+        admits one), and every origin fill counts, a replica's own included, so warm-ups
+        yield the origin to starts."""
         if self.budget is None:
             return True
+        if self.peers:
+            holders = [n.name for n in self.nodes.values() if self._holder(n, node, revision)]
+            if holders:
+                return any(self.net.uploads(h) == 0 for h in holders)
         running = [(f.node, f.revision) for f in self.fills.values() if f.source == ORIGIN]
-        complete = {
-            n.name: frozenset({revision})
-            for n in self.nodes.values()
-            if self.peers and n.up and n.holds(revision)
-        }
         req = WarmRequest(node, revision, frozenset({revision}))
-        return plan_fanout([req], complete, running, self.budget)[(node, revision)] is not Mode.WAIT
+        return plan_fanout([req], {}, running, self.budget)[(node, revision)] is not Mode.WAIT
+
+    @staticmethod
+    def _holder(n: NodeDisk, node: str, revision: str) -> bool:
+        return n.up and n.name != node and n.holds(revision)
 
     def origin_freed(self) -> None:
         """A fill ended (done or cancelled): let the planner retry the held warm-ups that
-        may be admitted now: those of a revision a peer now holds (``--peers on``) and, in
-        (node, revision) order, as many as the budget has free origin slots. Admission is
-        still ``_admitted``'s; this only chooses whom to wake, so that a fill's end does not
-        re-plan every held warm-up of the fleet."""
+        may be admitted now: with ``--peers on`` those of a revision some idle node
+        holds, and, in (revision, node) order, as many of the rest as the budget has free
+        origin slots. Admission is still ``_admitted``'s; this only chooses whom to wake,
+        so that a fill's end does not re-plan every held warm-up of the fleet."""
         if not self.held or self.budget is None:
             return
         origin = [f.revision for f in self.fills.values() if f.source == ORIGIN]
         held = sorted(self.held, key=lambda k: (k[1], k[0]))
         wake = []
+        rest = held
         if self.peers:
-            wake = [k for k in held if any(n.up and n.holds(k[1]) for n in self.nodes.values())]
+            held_revs = {k[1] for k in held}
+            holders = {
+                rev: [n.name for n in self.nodes.values() if n.up and n.holds(rev)]
+                for rev in held_revs
+            }
+            idle = {r for r, hs in holders.items() if any(self.net.uploads(h) == 0 for h in hs)}
+            wake = [k for k in held if k[1] in idle]
+            rest = [k for k in held if not holders[k[1]]]
         if self.budget.concurrent_fills is None:
             busy = set(origin)
-            for k in held:
+            for k in rest:
                 if k[1] not in busy:
                     busy.add(k[1])
                     wake.append(k)
         else:
-            wake += held[: max(self.budget.concurrent_fills - len(origin), 0)]
+            wake += rest[: max(self.budget.concurrent_fills - len(origin), 0)]
         for key in wake:
             if key in self.held:
                 self.held.discard(key)
