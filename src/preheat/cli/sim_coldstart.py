@@ -76,9 +76,9 @@ from preheat.sim.traffic import PATTERNS
     show_default=True,
     help="Origin fills at once over the fleet under which a warm-up may start "
     "(control.fanout's budget; replicas' own downloads count, so warm-ups yield the origin "
-    "to starts); held warm-ups start when a fill ends, from a peer that holds the model "
-    "with --peers on. auto: origin bandwidth / node bandwidth, rounded up; all: every "
-    "warm-up at once.",
+    "to starts); held warm-ups start when a fill ends. With --peers on a warm-up of a "
+    "model some node holds comes from an idle holder, or waits. auto: origin bandwidth / "
+    "node bandwidth, rounded up; all: every warm-up at once.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
 @click.option(
