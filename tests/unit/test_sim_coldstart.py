@@ -249,3 +249,17 @@ def test_warming_never_makes_scale_out_slower_than_no_cache(fleet: dict[str, Any
         out = run(pinned, policy=policy, **kw).summary
         assert out["warmups"] > 0, policy
         assert _scale_out_p99(out) <= none, (policy, _scale_out_p99(out), none)
+
+
+def test_warm_ups_below_the_catalog_size_do_not_evict_each_other() -> None:
+    """warm-all on 12 nodes of 400 GB for 475 GB of models: a warm-up never evicts another
+    warm-up's copy that no replica has used, so each node is warmed about once instead of
+    evicting and re-warming all day (1,020 warm-ups, 1,012 evictions and 216 TB from the
+    origin in 24 h before), and scale-out is no slower than no cache."""
+    kw: dict[str, Any] = {"nvme": "400GB", "duration": "24h"}
+    none = run(policy="none", **kw).summary
+    out = run(policy="warm-all", **kw).summary
+    assert out["model_bytes"] > 0.9 * out["nvme_bytes"]
+    assert out["warmups"] <= 12 * 4 and out["evictions"] <= 12 * 4
+    assert out["origin_bytes"] < 2 * none["origin_bytes"] + 12 * out["nvme_bytes"]
+    assert _scale_out_p99(out) <= _scale_out_p99(none)

@@ -37,7 +37,7 @@ class Fills(FleetState):
 
     def _fill(self, node: NodeDisk, spec: ModelSpec, owner: str) -> Fill | Refusal:
         if self.store:
-            got = node.reserve(spec.revision, spec.size, self.agenda.now)
+            got = node.reserve(spec.revision, spec.size, self.agenda.now, warm_up=owner == "warm")
             if isinstance(got, Refusal):
                 return got
             self.evictions.extend(got)
