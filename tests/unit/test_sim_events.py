@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from preheat.sim import coldstart, coldstart_world, routing
+from preheat.sim import coldstart, coldstart_fleet, routing
 from preheat.sim.events import Event, EventQueue
 
 
@@ -45,4 +45,4 @@ def test_negative_delay_means_now_and_payloads_are_never_compared() -> None:
 def test_both_simulators_share_this_queue() -> None:
     """The routing and cold-start simulators import this one queue, no other event core."""
     assert routing.EventQueue is EventQueue
-    assert coldstart.EventQueue is EventQueue and coldstart_world.EventQueue is EventQueue
+    assert coldstart.EventQueue is EventQueue and coldstart_fleet.EventQueue is EventQueue

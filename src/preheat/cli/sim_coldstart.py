@@ -9,7 +9,7 @@ import click
 
 from preheat.config import format_size
 from preheat.errors import ConfigError
-from preheat.sim.coldstart_config import CACHE_POLICIES
+from preheat.sim.coldstart_config import CACHE_POLICIES, WARM_BUDGET
 from preheat.sim.traffic import PATTERNS
 
 
@@ -72,10 +72,13 @@ from preheat.sim.traffic import PATTERNS
 @click.option("--slots", type=int, default=1, show_default=True, help="Replicas per node.")
 @click.option(
     "--warm-budget",
-    type=click.IntRange(1),
-    default=None,
-    help="Origin warm-ups at once over the fleet (control.plan's budget); the others wait "
-    "for a node to hold the model and warm from it. Default: every warm-up at once.",
+    default=WARM_BUDGET,
+    show_default=True,
+    help="Origin fills at once over the fleet under which a warm-up may start "
+    "(control.fanout's budget; replicas' own downloads count, so warm-ups yield the origin "
+    "to starts); held warm-ups start when a fill ends. With --peers on a warm-up of a "
+    "model some node holds comes from an idle holder, or waits. auto: origin bandwidth / "
+    "node bandwidth, rounded up; all: every warm-up at once.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
 @click.option(
@@ -97,7 +100,7 @@ def coldstart(
     queue_bound: int | None,
     peers: str,
     slots: int,
-    warm_budget: int | None,
+    warm_budget: str,
     seed: int,
     duration: str | None,
     as_json: bool,

@@ -85,8 +85,11 @@ class ColdStartSetup:
     slots: int = 1
     seed: int = 0
     high_watermark: float = 0.9
-    #: Origin warm-ups at once over the fleet (``control.fanout.Budget``), passed to
-    #: ``control.plan``; ``None``: every warm-up at once (as local and Kubernetes mode).
+    #: Origin fills at once over the fleet under which a warm-up may start
+    #: (``control.fanout.Budget``, admitted by the executor as the live node agent does;
+    #: replicas' own fills count, so warm-ups yield the origin to starts); ``None``: every
+    #: warm-up at once (local and Kubernetes mode with peers off, which admit none).
+    #: ``coldstart_files.prepare`` (and the CLI) default to ``auto``.
     warm_budget: int | None = None
 
     def __post_init__(self) -> None:
@@ -126,6 +129,7 @@ class _Sim:
             store=setup.policy != "none",
             peers=setup.peers,
             priorities=setup.policy == "priority",
+            budget=self.budget,
         )
         self.hi = setup.nodes * setup.slots
         self._node_index = 0
@@ -291,7 +295,7 @@ class _Sim:
             replicas=self.w.replica_views(),
             variants=((name, ms.status),),
         )
-        for action in plan(desired, observed, budget=self.budget):
+        for action in plan(desired, observed):
             self.w.execute(action)
 
     def _reconcile(self) -> None:

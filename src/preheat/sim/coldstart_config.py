@@ -19,6 +19,7 @@ __all__ = [
     "CACHE_POLICIES",
     "DEFAULT_PROFILE",
     "IMAGE_PULLS",
+    "WARM_BUDGET",
     "Catalog",
     "ModelSpec",
     "QueueParams",
@@ -26,10 +27,17 @@ __all__ = [
     "TrafficParams",
     "parse_bandwidth",
     "parse_duration",
+    "parse_warm_budget",
+    "warm_budget_for",
 ]
 
 #: ``--cache-policy`` names, in the order the study compares them.
 CACHE_POLICIES = ("none", "warm-all", "lru", "priority", "predictive")
+
+#: ``--warm-budget`` by default: as many origin fills at once as fill the origin at node
+#: speed (``warm_budget_for``); every origin fill counts, a replica's own included, so
+#: warm-ups yield the origin to starts.
+WARM_BUDGET = "auto"
 
 DEFAULT_PROFILE = "llama-3.1-70b-8xh100"
 
@@ -181,4 +189,32 @@ def parse_duration(text: str | int | float, *, what: str = "duration") -> float:
         value = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
     if not value > 0 or not math.isfinite(value):
         raise ConfigError(f"{what} {text!r} must be above zero, e.g. 24h")
+    return value
+
+
+def warm_budget_for(origin_bandwidth: float, node_bandwidth: float) -> int:
+    """``auto``: the origin fills that saturate the origin, each at its node's link
+    speed (40 Gbps over 25 Gbps links: 2); at least 1."""
+    return max(1, math.ceil(origin_bandwidth / node_bandwidth - 1e-9))
+
+
+def parse_warm_budget(
+    text: str | int | None, *, origin_bandwidth: float, node_bandwidth: float
+) -> int | None:
+    """``--warm-budget``: a number of origin fills at once (>= 1), ``auto`` (see
+    ``warm_budget_for``) or ``all`` (every warm-up at once, no budget: ``None``)."""
+    word = text.strip().lower() if isinstance(text, str) else text
+    if word is None or word == "all":
+        return None
+    if word == "auto":
+        return warm_budget_for(origin_bandwidth, node_bandwidth)
+    try:
+        value = int(text)  # type: ignore[arg-type]
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"--warm-budget {text!r} must be a number of fills at once (at least 1), "
+            "'auto' (the default: enough to fill the origin at node speed) or 'all'"
+        )
     return value

@@ -19,7 +19,13 @@ from preheat.config import parse_size
 from preheat.errors import ConfigError
 from preheat.sim.coldstart import ColdStartSetup
 from preheat.sim.coldstart_catalog import catalog_from_dict
-from preheat.sim.coldstart_config import Catalog, parse_bandwidth, parse_duration
+from preheat.sim.coldstart_config import (
+    WARM_BUDGET,
+    Catalog,
+    parse_bandwidth,
+    parse_duration,
+    parse_warm_budget,
+)
 from preheat.sim.traffic import Traffic, crash_times, pattern_traffic, trace_from_records
 
 __all__ = ["load_catalog", "load_trace", "prepare"]
@@ -77,7 +83,7 @@ def prepare(
     slots: int = 1,
     seed: int = 0,
     duration: str | float | None = None,
-    warm_budget: int | None = None,
+    warm_budget: int | str | None = WARM_BUDGET,
 ) -> tuple[ColdStartSetup, random.Random]:
     """A ready-to-run setup from user-facing values (what ``preheat sim coldstart`` takes).
 
@@ -117,6 +123,8 @@ def prepare(
             raise ConfigError(f"--queue-bound {queue_bound} must be 0 or more requests")
         queue = dataclasses.replace(catalog.queue, max_queued=queue_bound)
         catalog = dataclasses.replace(catalog, queue=queue)
+    origin_bw = parse_bandwidth(origin_bandwidth, what="--origin-bandwidth")
+    node_bw = parse_bandwidth(node_bandwidth, what="--node-bandwidth")
     setup = ColdStartSetup(
         nodes=nodes,
         nvme=nvme_bytes,
@@ -124,12 +132,14 @@ def prepare(
         traffic=traffic,
         policy=policy,
         duration=seconds,
-        origin_bandwidth=parse_bandwidth(origin_bandwidth, what="--origin-bandwidth"),
-        node_bandwidth=parse_bandwidth(node_bandwidth, what="--node-bandwidth"),
+        origin_bandwidth=origin_bw,
+        node_bandwidth=node_bw,
         registry_bandwidth=parse_bandwidth(registry_bandwidth, what="--registry-bandwidth"),
         peers=peers,
         slots=slots,
         seed=seed,
-        warm_budget=warm_budget,
+        warm_budget=parse_warm_budget(
+            warm_budget, origin_bandwidth=origin_bw, node_bandwidth=node_bw
+        ),
     )
     return setup, rng

@@ -29,6 +29,8 @@ class Snap:
     priority: int = 0
     pinned: bool = False
     leases: set[str] = field(default_factory=set)
+    #: A replica has read it since it was published (a warm-up's copy starts unused).
+    used: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class NodeDisk:
     def holds(self, revision: str) -> bool:
         return revision in self.snaps
 
-    def infos(self) -> list[SnapshotInfo]:
+    def infos(self, keep: frozenset[str] = frozenset()) -> list[SnapshotInfo]:
         return [
             SnapshotInfo(
                 digest=rev,
@@ -88,10 +90,15 @@ class NodeDisk:
                 blobs=frozenset({rev}),
             )
             for rev, s in self.snaps.items()
+            if rev not in keep
         ]
 
-    def reserve(self, revision: str, size: int, now: float) -> list[Eviction] | Refusal:
-        """Hold ``size`` bytes for a fill of ``revision``, evicting by plan if needed."""
+    def reserve(
+        self, revision: str, size: int, now: float, *, warm_up: bool = False
+    ) -> list[Eviction] | Refusal:
+        """Hold ``size`` bytes for a fill of ``revision``, evicting by plan if needed. A
+        ``warm_up`` never evicts a copy no replica has used yet (another warm-up's), so
+        warm-ups below the catalog size do not evict and re-warm each other."""
         pinned = sum(s.size for s in self.snaps.values() if s.pinned)
         if size > self.capacity - pinned:
             return Refusal(
@@ -102,13 +109,14 @@ class NodeDisk:
         need = size - self.free
         evicted: list[Eviction] = []
         if need > 0:
-            blob_sizes = {rev: s.size for rev, s in self.snaps.items()}
-            plan = plan_eviction(self.infos(), blob_sizes, need, protected=self.reserved)
+            keep = frozenset(r for r, s in self.snaps.items() if warm_up and not s.used)
+            blob_sizes = {rev: s.size for rev, s in self.snaps.items() if rev not in keep}
+            plan = plan_eviction(self.infos(keep), blob_sizes, need, protected=self.reserved)
             if not plan.enough:
                 return Refusal(
                     f"{self.name} has {_gb(self.free)} free and only "
-                    f"{_gb(plan.frees)} evictable (the rest is leased, pinned or "
-                    f"reserved); {_gb(size)} needed",
+                    f"{_gb(plan.frees)} evictable (the rest is leased, pinned, reserved or "
+                    f"a warm-up's copy not used yet); {_gb(size)} needed",
                     permanent=False,
                 )
             for rev in plan.snapshots:
@@ -128,6 +136,7 @@ class NodeDisk:
         s = self.snaps[revision]
         s.leases.add(replica)
         s.last_use = now
+        s.used = True
 
     def unlease(self, revision: str, replica: str, now: float) -> None:
         s = self.snaps.get(revision)
