@@ -24,7 +24,8 @@ from preheat.store.db_tx import Tx
 from preheat.store.evict import EvictionPlan, SnapshotInfo, eviction_order
 from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
 from preheat.store.layout import Layout
-from preheat.store.pull import Progress, Puller, PullOptions
+from preheat.store.pull import Puller
+from preheat.store.pull_options import Progress, PullOptions
 from preheat.store.repair import check_snapshot
 from preheat.store.results import PullResult, Usage, VerifyReport
 from preheat.store.revoke import RevokeReport
