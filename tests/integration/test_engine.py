@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from preheat.cli import main
 from preheat.engine.client import EngineClient, parse_metrics
-from preheat.engine.server import EngineConfig, EngineServer
+from preheat.engine.config import EngineConfig
+from preheat.engine.server import EngineServer
 from preheat.testing.engines import EngineProcess, simulated_engines
 from preheat.timing import PROFILES
 

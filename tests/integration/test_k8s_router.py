@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
-from preheat.runtime.kubernetes.discovery import (
+from preheat.runtime.kubernetes.api_client import discovery_version
+from preheat.runtime.kubernetes.discovery_slices import (
     desired_instances,
-    discovery_version,
     slice_endpoints,
     variant_service_name,
 )
@@ -509,7 +509,7 @@ def test_kubernetes_options_are_checked_before_connecting(tmp_path: Path) -> Non
 def test_slice_kv_event_ports_become_each_instances_publisher() -> None:
     """Ports named kv-events and kv-replay give each address tcp://ADDRESS:PORT (with the
     replay endpoint and the endpoint-wide hash options); a slice without them, none."""
-    from preheat.runtime.kubernetes.discovery import kv_event_endpoints
+    from preheat.runtime.kubernetes.discovery_slices import kv_event_endpoints
 
     ports = [{"name": "http", "port": 8000}, {"name": "kv-events", "port": 5557}]
     sl = {

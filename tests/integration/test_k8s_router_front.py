@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from preheat.runtime.kubernetes.discovery import discovery_version, variant_service_name
+from preheat.runtime.kubernetes.api_client import discovery_version
+from preheat.runtime.kubernetes.discovery_slices import variant_service_name
 from preheat.runtime.kubernetes.render import endpoint_manifests
 from preheat.runtime.kubernetes.resources import load_endpoint_file
 from preheat.runtime.procs import start_process

@@ -35,7 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.cli import main as cli
-from preheat.runtime.kubernetes.discovery import connect, variant_service_name
+from preheat.runtime.kubernetes.api_client import connect
+from preheat.runtime.kubernetes.discovery_slices import variant_service_name
 from preheat.runtime.kubernetes.podrecords import PodStartRecorder
 from preheat.runtime.kubernetes.podrecords_core import ENGINE_LABELS
 from preheat.runtime.kubernetes.render import (

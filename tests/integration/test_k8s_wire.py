@@ -32,7 +32,7 @@ import yaml
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.control.spec import parse_endpoint
 from preheat.runtime.kubernetes.agent_containerd import MARK
-from preheat.runtime.kubernetes.discovery import kv_event_endpoints
+from preheat.runtime.kubernetes.discovery_slices import kv_event_endpoints
 from preheat.runtime.kubernetes.render import endpoint_manifests, system_manifests
 from preheat.runtime.kubernetes.resources import PodOverrides, endpoint_object
 from preheat.runtime.procs import start_process

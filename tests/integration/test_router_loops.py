@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from preheat.engine.server import EngineConfig, EngineServer
+from preheat.engine.config import EngineConfig
+from preheat.engine.server import EngineServer
 from preheat.router.config import parse_config
 from preheat.router.health import HealthChecker
 from preheat.router.state import RoutingState

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from preheat.router.upstream import ConnectFailed, Disconnected, UpstreamPool
+from preheat.router.upstream import UpstreamPool
+from preheat.router.upstream_errors import ConnectFailed, Disconnected
 
 Reply = Callable[[bytes], list[bytes]]
 

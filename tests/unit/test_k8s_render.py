@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from preheat.cli import main
 from preheat.control.spec import parse_endpoint
 from preheat.errors import ConfigError
-from preheat.runtime.kubernetes.crds import custom_resource_definitions, endpoint_spec_schema
+from preheat.runtime.kubernetes.crd_endpoint import endpoint_spec_schema
+from preheat.runtime.kubernetes.crds import custom_resource_definitions
 from preheat.runtime.kubernetes.render import AGENT_PEER_RULES, AGENT_RULES, ROUTER_RULES, render
 from preheat.runtime.kubernetes.resources import (
     endpoint_from_object,

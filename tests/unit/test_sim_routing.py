@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from preheat.bench.routing import prompt_tokens
 from preheat.bench.workloads import WORKLOADS, WorkItem, aws_8k
 from preheat.cli import main
-from preheat.engine import server as engine_server
+from preheat.engine import openai_api as engine_server
 from preheat.engine.core.scheduler import Scheduler
 from preheat.engine.core.tokenizer import Tokenizer
 from preheat.errors import ConfigError

@@ -1,62 +1,23 @@
-"""``preheat cache``: the node-local model store from the command line."""
+"""``preheat cache``: the node-local model store from the command line.
+
+The group and its inspect/maintain commands (ls, verify, evict, pin, unpin, priority, rm,
+manifest); ``pull`` is ``preheat.cli.cache_pull``, ``revoke``/``unrevoke``
+``preheat.cli.store_revoke``, the shared options ``preheat.cli.store_options``.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import click
 
+from preheat.cli.cache_pull import pull
+from preheat.cli.store_options import click_errors, open_store, store_option
+from preheat.cli.store_revoke import revoke_command, unrevoke_command
 from preheat.config import format_size, parse_size
-from preheat.errors import PreheatError
-
-STORE_HELP = "Store directory (created if missing); also read from $PREHEAT_STORE."
-
-
-def _store_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option(
-        "--capacity",
-        default=None,
-        metavar="SIZE",
-        help="Most the store may hold, e.g. 200GiB; fills stay under SIZE x --high-watermark. "
-        "Default: bounded only by free disk space.",
-    )(f)
-    f = click.option(
-        "--high-watermark",
-        type=click.FloatRange(0.01, 1.0),
-        default=0.9,
-        show_default=True,
-        help="Fraction of --capacity that fills may use before eviction kicks in.",
-    )(f)
-    return click.option(
-        "--store",
-        "store_dir",
-        required=True,
-        envvar="PREHEAT_STORE",
-        type=click.Path(file_okay=False, path_type=Path),
-        help=STORE_HELP,
-    )(f)
-
-
-def _open(store_dir: Path, capacity: str | None, high_watermark: float) -> Any:
-    from preheat.store import NodeStore
-
-    cap = parse_size(capacity, what="--capacity") if capacity else None
-    return NodeStore(store_dir, capacity=cap, high_watermark=high_watermark)
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Preheat errors become one clear line and exit code 1 (no traceback)."""
-    try:
-        yield
-    except PreheatError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
 
 
 def _ago(t: float) -> str:
@@ -81,163 +42,13 @@ def cache() -> None:
     """
 
 
-@cache.command()
-@click.argument("source")
-@_store_option
-@click.option(
-    "--endpoint-url",
-    default=None,
-    help="S3 API endpoint for s3:// sources (e.g. http://127.0.0.1:9000); the Hub for hf:// "
-    "(default $HF_ENDPOINT, else https://huggingface.co).",
-)
-@click.option(
-    "--include",
-    multiple=True,
-    metavar="GLOB",
-    help="hf:// only: pull just the files matching GLOB (repeatable), like "
-    "`huggingface-cli download --include`.",
-)
-@click.option(
-    "--exclude",
-    multiple=True,
-    metavar="GLOB",
-    help="hf:// only: leave out the files matching GLOB (repeatable); 'dir/' means all under it.",
-)
-@click.option(
-    "--connections",
-    type=click.IntRange(1, 64),
-    default=8,
-    show_default=True,
-    help="Parallel ranged requests over all files.",
-)
-@click.option(
-    "--rate-limit",
-    default=None,
-    metavar="SIZE",
-    help="Cap on bytes per second over all connections, e.g. 100MB (simulates a remote origin).",
-)
-@click.option(
-    "--chunk-size",
-    default="32MiB",
-    show_default=True,
-    metavar="SIZE",
-    help="Bytes per ranged request; a resumed pull skips the chunks it finished.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the result.")
-def pull(
-    source: str,
-    store_dir: Path,
-    capacity: str | None,
-    high_watermark: float,
-    endpoint_url: str | None,
-    include: tuple[str, ...],
-    exclude: tuple[str, ...],
-    connections: int,
-    rate_limit: str | None,
-    chunk_size: str,
-    as_json: bool,
-) -> None:
-    """Fetch SOURCE into the store and print the snapshot directory.
-
-    \b
-    SOURCE is one of:
-      file:///abs/dir                          a directory tree on this machine
-      https://host/path/preheat-manifest.json  files listed (path, size, sha256) by a manifest
-      https://host/path/file.bin               a single file
-      s3://bucket/prefix                       every object under the prefix (--endpoint-url)
-      hf://ORG/NAME[@REVISION]                 a Hugging Face Hub model at a branch, tag or
-                                               commit (default main); $HF_ENDPOINT picks a
-                                               mirror, $HF_TOKEN (or `hf auth login`'s token
-                                               file) opens private and gated repos
-      oci://registry/repo:tag                  a CNCF ModelPack artifact (or @sha256:…);
-                                               credentials from docker's config.json
-
-    SOURCE is resolved afresh to an immutable revision; only blobs the store lacks are
-    fetched, every byte is checked against its sha256, and the snapshot appears
-    atomically. A pull that was killed resumes where it stopped.
-
-    \b
-    Example:
-      preheat cache pull https://models.example/llama/preheat-manifest.json --store /srv/preheat
-    """
-    with _errors():
-        source = _with_filters(source, include, exclude)
-        store = _open(store_dir, capacity, high_watermark)
-        rate = float(parse_size(rate_limit, what="--rate-limit")) if rate_limit else None
-        kwargs: dict[str, Any] = {
-            "endpoint_url": endpoint_url,
-            "rate_limit": rate,
-            "connections": connections,
-            "chunk": parse_size(chunk_size, what="--chunk-size"),
-        }
-        if not as_json and sys.stderr.isatty():
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-
-            with Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(binary_units=True),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                transient=True,
-            ) as bar:
-                task = bar.add_task("pull", total=None)
-
-                def progress(done: int, total: int) -> None:
-                    bar.update(task, completed=done, total=total)
-
-                result = store.pull(source, progress=progress, **kwargs)
-        else:
-            result = store.pull(source, **kwargs)
-    if as_json:
-        click.echo(json.dumps(result.to_dict()))
-        return
-    rate_s = format_size(result.bytes_fetched / result.seconds) if result.seconds > 0 else "-"
-    click.echo(
-        f"revision {result.revision}: fetched {format_size(result.bytes_fetched)}, "
-        f"reused {format_size(result.bytes_reused)}"
-        + (f", resumed {format_size(result.bytes_resumed)}" if result.bytes_resumed else "")
-        + f" in {result.seconds:.2f} s ({rate_s}/s)",
-        err=True,
-    )
-    click.echo(str(result.snapshot))
-
-
-def _with_filters(source: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> str:
-    """``source`` with --include/--exclude written into an hf:// ref's ``#`` filters."""
-    if not include and not exclude:
-        return source
-    if not source.startswith("hf://"):
-        from preheat.errors import ConfigError
-
-        raise ConfigError(
-            f"--include/--exclude only apply to hf:// sources, not {source!r}; for other "
-            "sources publish only the files you want"
-        )
-    from urllib.parse import quote
-
-    items = [
-        f"{k}={quote(v, safe='*?[]!/._-')}"
-        for k, vs in (("include", include), ("exclude", exclude))
-        for v in vs
-    ]
-    head, _, fragment = source.partition("#")
-    return f"{head}#{'&'.join(filter(None, [fragment, *items]))}"
-
-
 @cache.command(name="ls")
-@_store_option
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: bool) -> None:
     """List snapshots, free space and the next eviction candidates."""
-    with _errors():
-        store = _open(store_dir, capacity, high_watermark)
+    with click_errors():
+        store = open_store(store_dir, capacity, high_watermark)
         snaps = store.snapshots()
         usage = store.usage()
         order = [s.digest for s in store.eviction_candidates()]
@@ -301,7 +112,7 @@ def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: b
 
 
 @cache.command()
-@_store_option
+@store_option
 @click.option(
     "--no-quarantine", is_flag=True, help="Only report; leave corrupt blobs where they are."
 )
@@ -315,8 +126,8 @@ def verify(
     dropped unless a replica leases them (those are kept, with their holders shown).
     Exits 1 when anything was corrupt or missing, so it can run as a health check.
     """
-    with _errors():
-        store = _open(store_dir, capacity, high_watermark)
+    with click_errors():
+        store = open_store(store_dir, capacity, high_watermark)
         rep = store.verify(quarantine=not no_quarantine)
     if as_json:
         click.echo(
@@ -363,7 +174,7 @@ def verify(
 
 
 @cache.command()
-@_store_option
+@store_option
 @click.option("--free", "free", required=True, metavar="SIZE", help="Bytes to free, e.g. 20GiB.")
 @click.option("--dry-run", is_flag=True, help="Print the plan only.")
 def evict(
@@ -374,8 +185,8 @@ def evict(
     Lowest priority first, then least recently used; pinned and leased snapshots are
     never chosen. Snapshot directories go first, blobs they alone used last.
     """
-    with _errors():
-        store = _open(store_dir, capacity, high_watermark)
+    with click_errors():
+        store = open_store(store_dir, capacity, high_watermark)
         need = parse_size(free, what="--free")
         plan = store.plan_eviction(need)
         for d in plan.snapshots:
@@ -393,7 +204,7 @@ def evict(
 
 @cache.command()
 @click.argument("snapshot")
-@_store_option
+@store_option
 @click.option("--priority", type=int, default=None, help="Also set the eviction priority.")
 def pin(
     snapshot: str,
@@ -403,8 +214,8 @@ def pin(
     priority: int | None,
 ) -> None:
     """Pin SNAPSHOT (digest, digest prefix or revision) so eviction never takes it."""
-    with _errors():
-        store = _open(store_dir, capacity, high_watermark)
+    with click_errors():
+        store = open_store(store_dir, capacity, high_watermark)
         store.pin(snapshot)
         if priority is not None:
             store.set_priority(snapshot, priority)
@@ -413,18 +224,18 @@ def pin(
 
 @cache.command()
 @click.argument("snapshot")
-@_store_option
+@store_option
 def unpin(snapshot: str, store_dir: Path, capacity: str | None, high_watermark: float) -> None:
     """Unpin SNAPSHOT so eviction may take it again."""
-    with _errors():
-        _open(store_dir, capacity, high_watermark).unpin(snapshot)
+    with click_errors():
+        open_store(store_dir, capacity, high_watermark).unpin(snapshot)
     click.echo(f"unpinned {snapshot}")
 
 
 @cache.command()
 @click.argument("snapshot")
 @click.argument("value", type=int)
-@_store_option
+@store_option
 def priority(
     snapshot: str, value: int, store_dir: Path, capacity: str | None, high_watermark: float
 ) -> None:
@@ -432,18 +243,18 @@ def priority(
 
     A negative VALUE goes after ``--``: preheat cache priority --store DIR -- 5ab806 -1
     """
-    with _errors():
-        _open(store_dir, capacity, high_watermark).set_priority(snapshot, value)
+    with click_errors():
+        open_store(store_dir, capacity, high_watermark).set_priority(snapshot, value)
     click.echo(f"priority of {snapshot} is {value}")
 
 
 @cache.command()
 @click.argument("snapshot")
-@_store_option
+@store_option
 def rm(snapshot: str, store_dir: Path, capacity: str | None, high_watermark: float) -> None:
     """Delete SNAPSHOT and the blobs only it used (refused while it is leased)."""
-    with _errors():
-        store = _open(store_dir, capacity, high_watermark)
+    with click_errors():
+        store = open_store(store_dir, capacity, high_watermark)
         done = store.delete(snapshot if len(snapshot) == 64 else store.snapshot_path(snapshot).name)
     click.echo(f"deleted {snapshot}: freed {format_size(done.frees)}")
 
@@ -463,69 +274,6 @@ def manifest(directory: Path) -> None:
     click.echo(str(out))
 
 
-# One store-level revocation list serves images and model revisions (docs/images.md);
-# ``preheat image revoke|unrevoke`` are the same commands.
-def revoke_command(what: str) -> click.Command:
-    """``revoke KEY``: the store-level revocation list (also ``preheat cache revoke``)."""
-
-    @click.command(name="revoke")
-    @click.argument("key", metavar="DIGEST" if what == "image" else "REVISION")
-    @_store_option
-    @click.option("--reason", default="", help="Why (kept with the entry, shown in refusals).")
-    @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
-    def revoke(
-        key: str,
-        store_dir: Path,
-        capacity: str | None,
-        high_watermark: float,
-        reason: str,
-        as_json: bool,
-    ) -> None:
-        """Revoke KEY (an image, layer, blob or snapshot digest, or a model revision):
-        remove it from the store and refuse every new pull of it until `unrevoke`.
-        Snapshots a replica or endpoint still holds are kept for it and listed."""
-        from preheat.store.revoke import revoke as do_revoke
-
-        with _errors():
-            store = _open(store_dir, capacity, high_watermark)
-            rep = do_revoke(store._db, store._space, key, reason)
-        if as_json:
-            click.echo(
-                json.dumps(
-                    {
-                        "key": rep.key,
-                        "removed": list(rep.removed),
-                        "kept": [{"snapshot": s, "holders": list(h)} for s, h in rep.kept],
-                        "blobs": list(rep.blobs),
-                    }
-                )
-            )
-            return
-        click.echo(
-            f"revoked {rep.key}: removed {len(rep.removed)} snapshot(s), {len(rep.blobs)} blob(s)"
-        )
-        for s, holders in rep.kept:
-            click.echo(f"kept {s[:16]} for {', '.join(holders)} (release them to remove it)")
-
-    revoke.help = (revoke.help or "").replace("KEY", "DIGEST" if what == "image" else "REVISION")
-    return revoke
-
-
-def unrevoke_command(what: str) -> click.Command:
-    @click.command(name="unrevoke")
-    @click.argument("key", metavar="DIGEST" if what == "image" else "REVISION")
-    @_store_option
-    def unrevoke(key: str, store_dir: Path, capacity: str | None, high_watermark: float) -> None:
-        """Take KEY off the store's revocation list: pulls of it are allowed again."""
-        from preheat.store.revoke import unrevoke as do_unrevoke
-
-        with _errors():
-            store = _open(store_dir, capacity, high_watermark)
-            was = do_unrevoke(store._db, key)
-        click.echo("unrevoked" if was else f"{key} was not revoked")
-
-    return unrevoke
-
-
+cache.add_command(pull)
 cache.add_command(revoke_command("cache"))
 cache.add_command(unrevoke_command("cache"))

@@ -103,7 +103,8 @@ def serve(
             f"{kv_events!r} is not a ZMQ endpoint; give tcp://127.0.0.1:5557",
             param_hint="--kv-events",
         )
-    from preheat.engine.server import EngineConfig, run
+    from preheat.engine.config import EngineConfig
+    from preheat.engine.server import run
 
     run(
         EngineConfig(

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from preheat.cli.cache import _errors, _open, _store_option, revoke_command, unrevoke_command
+from preheat.cli.store_options import click_errors, open_store, store_option
+from preheat.cli.store_revoke import revoke_command, unrevoke_command
 from preheat.config import format_size
 
 
@@ -19,7 +20,7 @@ def _cache(
 ) -> Any:
     from preheat.images import ImageCache
 
-    return ImageCache(_open(store_dir, capacity, high_watermark), docker_config=docker_config)
+    return ImageCache(open_store(store_dir, capacity, high_watermark), docker_config=docker_config)
 
 
 def _with_bar(run: Any) -> Any:
@@ -48,7 +49,7 @@ def image() -> None:
 
 @image.command()
 @click.argument("ref")
-@_store_option
+@store_option
 @click.option(
     "--platform",
     default=None,
@@ -96,7 +97,7 @@ def pull(
     """
     from preheat.images import parse_platform
 
-    with _errors():
+    with click_errors():
         cache = _cache(store_dir, capacity, high_watermark, docker_config)
         plat = parse_platform(platform) if platform else None
         result = (
@@ -121,11 +122,11 @@ def pull(
 
 
 @image.command(name="ls")
-@_store_option
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: bool) -> None:
     """List the images in the store (most recently pulled first)."""
-    with _errors():
+    with click_errors():
         images = _cache(store_dir, capacity, high_watermark).images()
     if as_json:
         click.echo(json.dumps([i.to_json() for i in images]))
@@ -140,14 +141,14 @@ def ls_(store_dir: Path, capacity: str | None, high_watermark: float, as_json: b
 
 @image.command()
 @click.argument("image_key", metavar="IMAGE")
-@_store_option
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print the removed image as JSON.")
 def rm(
     image_key: str, store_dir: Path, capacity: str | None, high_watermark: float, as_json: bool
 ) -> None:
     """Remove IMAGE (digest, unique digest prefix, or NAME:TAG); refused while an
     endpoint references it."""
-    with _errors():
+    with click_errors():
         img = _cache(store_dir, capacity, high_watermark).rm(image_key)
     click.echo(json.dumps(img.to_json()) if as_json else f"removed {img.name}@{img.digest}")
 
@@ -155,12 +156,12 @@ def rm(
 @image.command(name="ref")
 @click.argument("image_key", metavar="IMAGE")
 @click.argument("endpoint")
-@_store_option
+@store_option
 def ref_(
     image_key: str, endpoint: str, store_dir: Path, capacity: str | None, high_watermark: float
 ) -> None:
     """Record that ENDPOINT uses IMAGE (never evicted or removed while referenced)."""
-    with _errors():
+    with click_errors():
         img = _cache(store_dir, capacity, high_watermark).ref(image_key, endpoint)
     click.echo(f"{img.digest} referenced by {', '.join(img.references)}")
 
@@ -168,18 +169,18 @@ def ref_(
 @image.command()
 @click.argument("image_key", metavar="IMAGE")
 @click.argument("endpoint")
-@_store_option
+@store_option
 def unref(
     image_key: str, endpoint: str, store_dir: Path, capacity: str | None, high_watermark: float
 ) -> None:
     """Drop ENDPOINT's reference; the last reference going removes the image."""
-    with _errors():
+    with click_errors():
         gone = _cache(store_dir, capacity, high_watermark).unref(image_key, endpoint)
     click.echo("removed (last reference)" if gone else "still referenced")
 
 
 @image.command()
-@_store_option
+@store_option
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to bind (keep it node-local)."
 )
@@ -221,7 +222,7 @@ def serve(
 
     from preheat.images.mirror import serve as run
 
-    with _errors():
+    with click_errors():
         cache = _cache(store_dir, capacity, high_watermark)
     ttl = f", tags re-resolved after {tag_ttl:g} s" if upstream and tag_ttl > 0 else ""
     click.echo(f"mirror on http://{host}:{port} (upstream {upstream or 'none'}{ttl})", err=True)

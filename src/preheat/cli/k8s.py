@@ -215,7 +215,7 @@ def records(
     """
     import time
 
-    from preheat.runtime.kubernetes.discovery import connect
+    from preheat.runtime.kubernetes.api_client import connect
     from preheat.runtime.kubernetes.podrecords import PodStartRecorder, append_new_records
 
     if as_json and out is not None:

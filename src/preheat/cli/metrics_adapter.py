@@ -66,7 +66,7 @@ def metrics_adapter(
     the API server's aggregator (the APIService from `preheat k8s render`). Requests are
     accepted only from the aggregator's front-proxy certificate and authorized with
     SubjectAccessReviews. Runs until SIGINT/SIGTERM."""
-    from preheat.runtime.kubernetes.discovery import connect
+    from preheat.runtime.kubernetes.api_client import connect
     from preheat.runtime.kubernetes.metrics_adapter import AdapterConfig, MetricsAdapter, serve
     from preheat.runtime.kubernetes.metrics_adapter_tls import ServingCert, generate_self_signed
 

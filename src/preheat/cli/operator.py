@@ -47,7 +47,7 @@ def operator(
     until minReady target nodes hold it (then preferred affinity for warm nodes), a Service
     per variant for the router, surge rollouts with rollback, status conditions and Events.
     Runs until SIGINT/SIGTERM (kopf, standalone)."""
-    from preheat.runtime.kubernetes.discovery import connect
+    from preheat.runtime.kubernetes.api_client import connect
     from preheat.runtime.kubernetes.k8s_executor import OperatorConfig
     from preheat.runtime.kubernetes.operator import OperatorContext, run_operator
 

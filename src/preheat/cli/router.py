@@ -339,7 +339,8 @@ def _discovery(
     """Kubernetes mode's discovery, connected; the options it conflicts with refused."""
     from urllib.parse import urlencode
 
-    from preheat.runtime.kubernetes.discovery import Discovery, connect
+    from preheat.runtime.kubernetes.api_client import connect
+    from preheat.runtime.kubernetes.discovery import Discovery
 
     if not endpoint:
         raise ConfigError("--kubernetes needs --endpoint NAME (the InferenceEndpoint to serve)")

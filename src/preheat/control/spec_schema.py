@@ -1,23 +1,33 @@
 """Endpoint specs and cluster documents validated at the edge (pydantic), with messages.
 
-Decoded YAML or JSON goes through pydantic models that reject unknown keys and wrong
-types; the result is converted to the frozen values of ``preheat.control.spec_types``.
+Decoded YAML or JSON goes through the pydantic models of ``preheat.control.spec_models``
+(unknown keys and wrong types rejected); this module converts the result to the frozen
+values of ``preheat.control.spec_types`` with the cross-field checks.
 Every error is a ``ConfigError`` whose message names the endpoint (or the cluster file),
-the field as the user wrote it, the bad value and the fix (see ``preheat.control.spec``).
+the field as the user wrote it, the bad value and the fix (``preheat.control.spec_errors``;
+see ``preheat.control.spec``).
 """
 
 from __future__ import annotations
 
 import re
-import string
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
-from preheat.artifacts.refs import parse_ref
 from preheat.config import parse_size
 from preheat.control.fanout import Budget
+from preheat.control.spec_errors import bad, pydantic_message
+from preheat.control.spec_models import (
+    _Cluster,
+    _Endpoint,
+    _Engine,
+    _ImageRef,
+    _Replicas,
+    _Routing,
+    _Variant,
+)
 from preheat.control.spec_types import (
     Autoscaling,
     ClusterSpec,
@@ -51,51 +61,6 @@ STRATEGIES = tuple(POLICIES)
 PREFIX_LENGTH_RANGE = (MIN_PREFIX_LENGTH, MAX_PREFIX_LENGTH)
 CONCURRENCY_RANGE = CONCURRENCY_THRESHOLD_RANGE
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_COMMAND_FIELDS = {"snapshot", "port", "host", "model", "replica"}
-
-
-# --- pydantic models at the edge ---------------------------------------------------------
-
-
-class _Edge(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-def _check_source(v: str) -> str:
-    if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
-        raise ValueError(
-            f"{v!r} is not a source ref; use file:///dir, "
-            "http(s)://.../preheat-manifest.json, s3://bucket/prefix, "
-            "hf://ORG/NAME[@REVISION] or oci://registry/repo:tag"
-        )
-    try:
-        parse_ref(v)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    return v
-
-
-class _ModelRef(_Edge):
-    source: str
-    revision: str | None = None
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, v: str) -> str:
-        return _check_source(v)
-
-
-class _Model(_ModelRef):
-    #: Other allowed versions, used only while the main one is revoked.
-    fallback: list[_ModelRef] = []
-
-
-class _ImageRef(_Edge):
-    """``image: {ref: REF, fallback: [REF, ...]}`` (``image: REF`` is the short form)."""
-
-    ref: str
-    #: Other allowed images, in order, used only while this one's digest is revoked.
-    fallback: list[str] = []
 
 
 def _image_parts(
@@ -109,184 +74,20 @@ def _image_parts(
             parse_image_ref(text)
         except ConfigError as exc:
             field = f"{loc}.ref" if i == 0 else f"{loc}.fallback[{i - 1}]"
-            raise _bad(where, f"{field} {text!r}: {exc}") from None
+            raise bad(where, f"{field} {text!r}: {exc}") from None
     if raw.ref in raw.fallback:
-        raise _bad(where, f"{loc}.fallback lists {raw.ref!r}, the image itself; remove it")
+        raise bad(where, f"{loc}.fallback lists {raw.ref!r}, the image itself; remove it")
     return raw.ref, tuple(raw.fallback)
 
 
-class _Simulated(_Edge):
-    profile: str = "tiny"
-    time_scale: float = Field(1.0, alias="timeScale")
-    kv_blocks: int | None = Field(None, alias="kvBlocks")
-
-    @field_validator("time_scale")
-    @classmethod
-    def _scale(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"{v} is negative; use 0 (instant) up to 1 (real time)")
-        return v
-
-
-class _Engine(_Edge):
-    simulated: _Simulated | None = None
-    command: str | None = None
-
-    @field_validator("command")
-    @classmethod
-    def _command(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        names = {f[1] for f in string.Formatter().parse(v) if f[1] is not None}
-        unknown = names - _COMMAND_FIELDS
-        if unknown:
-            raise ValueError(
-                f"placeholder {{{sorted(unknown)[0]}}} is unknown; "
-                f"use {', '.join('{' + n + '}' for n in sorted(_COMMAND_FIELDS))}"
-            )
-        if "port" not in names:
-            raise ValueError("has no {port}; the replica must listen on the port preheat gives it")
-        return v
-
-
-class _Replicas(_Edge):
-    min: int = 1
-    max: int | None = None
-
-
-class _Autoscaling(_Edge):
-    target_in_flight: float = Field(alias="targetInFlight", gt=0)
-    scale_in_below: float | None = Field(None, alias="scaleInBelow", ge=0)
-    cooldown_seconds: float = Field(10.0, alias="cooldownSeconds", ge=0)
-
-
-class _Variant(_Edge):
-    name: str
-    weight: float = 1.0
-    model: _Model | None = None
-    image: str | _ImageRef | None = None
-    engine: _Engine | None = None
-    replicas: _Replicas | None = None
-
-
-class _Routing(_Edge):
-    strategy: str = RoutingSpec.strategy
-    prefix_length: int = Field(RoutingSpec.prefix_length, alias="prefixLength")
-    concurrency_threshold: int = Field(
-        RoutingSpec.concurrency_threshold, alias="concurrencyThreshold"
-    )
-
-
-class _Nodes(_Edge):
-    selector: dict[str, str] = Field(default_factory=dict)
-    names: list[str] = Field(default_factory=list)
-
-
-class _Weights(_Edge):
-    enabled: bool = True
-    nodes: _Nodes | list[str] | None = None
-    min_ready: int | None = Field(None, alias="minReady")
-    priority: int = 0
-    pin: bool = False
-    timeout_seconds: float = Field(600.0, alias="timeoutSeconds")
-
-
-class _Image(_Edge):
-    enabled: bool = False
-
-
-class _CacheConfig(_Edge):
-    weights: _Weights | None = None
-    image: _Image | None = None
-
-
-class _Endpoint(_Edge):
-    name: str
-    model: _Model | None = None
-    image: str | _ImageRef | None = None
-    engine: _Engine | None = None
-    replicas: _Replicas = Field(default_factory=_Replicas)
-    autoscaling: _Autoscaling | None = None
-    variants: list[_Variant] | None = None
-    routing: _Routing | None = None
-    model_cache_config: _CacheConfig | None = Field(None, alias="modelCacheConfig")
-
-
-class _Budget(_Edge):
-    concurrent_fills: int | None = Field(None, alias="concurrentFills")
-    bandwidth: str | int | None = None
-
-
-class _Origin(_Edge):
-    bandwidth: str | int | None = None
-    budget: _Budget = Field(default_factory=lambda: _Budget.model_validate({}))
-
-
-class _Peers(_Edge):
-    enabled: bool = True
-
-
-class _Node(_Edge):
-    name: str
-    store: str | None = None
-    capacity: str | int = "100GiB"
-    labels: dict[str, str] = Field(default_factory=dict)
-    slots: int = 2
-    origin_bandwidth: str | int | None = Field(None, alias="originBandwidth")
-
-
-class _Cluster(_Edge):
-    origin: _Origin = Field(default_factory=_Origin)
-    peers: _Peers = Field(default_factory=_Peers)
-    nodes: list[_Node]
-
-
 # --- conversion with messages that name the field -----------------------------------------
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            # pydantic reports union members by class name; they are not user fields.
-            if part.startswith("_") or part in {"list[str]", "str", "int", "function-after"}:
-                continue
-            out += ("." if out else "") + part
-    return out
-
-
-def _pydantic_message(where: str, exc: ValidationError) -> str:
-    lines = []
-    errors = exc.errors()
-    if len(errors) > 1:
-        # A union (``nodes: {selector} | [names]``) reports one error per member; the
-        # "should be a list" complaint only hides the real one.
-        errors = [e for e in errors if e["type"] != "list_type"] or errors
-    for err in errors:
-        loc = _loc(tuple(err["loc"]))
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "is not a known field; check its spelling (see docs/fleet.md for the shape)"
-        elif err["type"] == "missing":
-            msg = "is required"
-        elif "input" in err and err["type"] != "value_error":
-            msg = f"{err['input']!r}: {msg}"
-        lines.append(f"{where}: {loc} {msg}".replace(":  ", ": "))
-    # One line per problem, de-duplicated (union members can repeat one complaint).
-    return "\n".join(dict.fromkeys(lines))
-
-
-def _bad(where: str, text: str) -> ConfigError:
-    return ConfigError(f"{where}: {text}")
 
 
 def _check_images(where: str, variants: list[VariantSpec]) -> None:
     """``modelCacheConfig.image.enabled`` needs an image, each one a valid reference."""
     images = [v.image for v in variants if v.image]
     if not images:
-        raise _bad(
+        raise bad(
             where,
             "modelCacheConfig.image.enabled is true but no variant has an image; set "
             "`image: REGISTRY/REPO:TAG` (at the top or per variant) or turn it off",
@@ -295,12 +96,12 @@ def _check_images(where: str, variants: list[VariantSpec]) -> None:
         try:
             parse_image_ref(text)
         except ConfigError as exc:
-            raise _bad(where, f"image {text!r} (modelCacheConfig.image): {exc}") from None
+            raise bad(where, f"image {text!r} (modelCacheConfig.image): {exc}") from None
 
 
 def _check_name(where: str, what: str, name: str) -> None:
     if not _NAME.match(name):
-        raise _bad(
+        raise bad(
             where,
             f"{what} {name!r} is not a valid name; use lower-case letters, digits and '-' "
             "(at most 63 characters, starting and ending with a letter or digit)",
@@ -311,7 +112,7 @@ def _engine(where: str, loc: str, e: _Engine | None) -> EngineSpec | None:
     if e is None:
         return None
     if (e.simulated is None) == (e.command is None):
-        raise _bad(where, f"{loc} needs exactly one of 'simulated' or 'command'")
+        raise bad(where, f"{loc} needs exactly one of 'simulated' or 'command'")
     if e.command is not None:
         return CommandEngine(command=e.command)
     assert e.simulated is not None
@@ -325,11 +126,11 @@ def _engine(where: str, loc: str, e: _Engine | None) -> EngineSpec | None:
 def _replicas(where: str, loc: str, r: _Replicas) -> ReplicaRange:
     hi = r.min if r.max is None else r.max
     if r.min < 0:
-        raise _bad(where, f"{loc}.min {r.min} is negative; use 0 or more")
+        raise bad(where, f"{loc}.min {r.min} is negative; use 0 or more")
     if hi < r.min:
-        raise _bad(where, f"{loc}.max {hi} is below {loc}.min {r.min}; make max >= min")
+        raise bad(where, f"{loc}.max {hi} is below {loc}.min {r.min}; make max >= min")
     if hi < 1:
-        raise _bad(where, f"{loc}.max {hi} allows no replica; use max >= 1")
+        raise bad(where, f"{loc}.max {hi} allows no replica; use max >= 1")
     return ReplicaRange(min=r.min, max=hi)
 
 
@@ -346,15 +147,15 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
         loc = f"variants[{i}]"
         _check_name(where, f"{loc}.name", rv.name)
         if rv.name in seen:
-            raise _bad(where, f"{loc}.name {rv.name!r} is used twice; give each variant its own")
+            raise bad(where, f"{loc}.name {rv.name!r} is used twice; give each variant its own")
         seen.add(rv.name)
         model = rv.model or raw.model
         if model is None:
-            raise _bad(
+            raise bad(
                 where, f"{loc}.model is missing; set model.source at the top or in the variant"
             )
         if rv.weight < 0:
-            raise _bad(where, f"{loc}.weight {rv.weight} is negative; use a weight >= 0")
+            raise bad(where, f"{loc}.weight {rv.weight} is negative; use a weight >= 0")
         image_ref, image_fallback = (
             _image_parts(where, f"{loc}.image", rv.image)
             if rv.image is not None
@@ -378,27 +179,25 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
             )
         )
     if sum(v.weight for v in variants) <= 0:
-        raise _bad(where, "variants have a total weight of 0; give at least one a weight > 0")
+        raise bad(where, "variants have a total weight of 0; give at least one a weight > 0")
 
     r = raw.routing or _Routing.model_validate({})
     if r.strategy not in STRATEGIES:
-        raise _bad(
-            where, f"routing.strategy {r.strategy!r} is unknown; use {', '.join(STRATEGIES)}"
-        )
+        raise bad(where, f"routing.strategy {r.strategy!r} is unknown; use {', '.join(STRATEGIES)}")
     lo, hi = PREFIX_LENGTH_RANGE
     if r.prefix_length < lo:
-        raise _bad(
+        raise bad(
             where,
             f"routing.prefix_length {r.prefix_length} is below {lo}; use {lo}..{hi} characters",
         )
     if r.prefix_length > hi:
-        raise _bad(
+        raise bad(
             where,
             f"routing.prefix_length {r.prefix_length} is above {hi}; use {lo}..{hi} characters",
         )
     clo, chi = CONCURRENCY_RANGE
     if not clo <= r.concurrency_threshold <= chi:
-        raise _bad(
+        raise bad(
             where,
             f"routing.concurrency_threshold {r.concurrency_threshold} is outside {clo}..{chi}; "
             "give the in-flight requests per instance at which to spill",
@@ -415,7 +214,7 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
                 selector = NodeSelector(names=tuple(w.nodes))
             elif w.nodes is not None:
                 if w.nodes.names and w.nodes.selector:
-                    raise _bad(
+                    raise bad(
                         where,
                         "modelCacheConfig.weights.nodes has both names and selector; use one",
                     )
@@ -425,19 +224,19 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
             else:
                 selector = NodeSelector()
             if w.min_ready is not None and w.min_ready < 0:
-                raise _bad(
+                raise bad(
                     where,
                     f"modelCacheConfig.weights.minReady {w.min_ready} is negative; "
                     "use 0 (do not wait) or a node count",
                 )
             if selector.names and w.min_ready is not None and w.min_ready > len(selector.names):
-                raise _bad(
+                raise bad(
                     where,
                     f"modelCacheConfig.weights.minReady {w.min_ready} is above the "
                     f"{len(selector.names)} listed nodes; lower it or list more nodes",
                 )
             if w.timeout_seconds <= 0:
-                raise _bad(
+                raise bad(
                     where,
                     f"modelCacheConfig.weights.timeoutSeconds {w.timeout_seconds} must be > 0",
                 )
@@ -459,7 +258,7 @@ def _convert_endpoint(raw: _Endpoint) -> EndpointSpec:
         a = raw.autoscaling
         below = a.scale_in_below if a.scale_in_below is not None else a.target_in_flight / 2
         if below >= a.target_in_flight:
-            raise _bad(
+            raise bad(
                 where,
                 f"autoscaling.scale_in_below {below:g} is not below target_in_flight "
                 f"{a.target_in_flight:g}; make it smaller so scaling does not flap",
@@ -487,7 +286,7 @@ def parse_endpoint(data: Any, *, origin: str = "endpoint spec") -> EndpointSpec:
     try:
         raw = _Endpoint.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_message(where, exc)) from None
+        raise ConfigError(pydantic_message(where, exc)) from None
     return _convert_endpoint(raw)
 
 
@@ -497,7 +296,7 @@ def _bandwidth(where: str, loc: str, value: str | int | None) -> int | None:
     text = value if isinstance(value, int) else value.strip().removesuffix("/s")
     n = parse_size(text, what=f"{where}: {loc}")
     if n <= 0:
-        raise _bad(where, f"{loc} {value!r} must be above 0; write it like 50MiB/s")
+        raise bad(where, f"{loc} {value!r} must be above 0; write it like 50MiB/s")
     return n
 
 
@@ -508,13 +307,13 @@ def parse_cluster(data: Any, *, base_dir: Path, origin: str = "cluster file") ->
     try:
         raw = _Cluster.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_message(origin, exc)) from None
+        raise ConfigError(pydantic_message(origin, exc)) from None
     if not raw.nodes:
-        raise _bad(origin, "nodes is empty; list at least one node")
+        raise bad(origin, "nodes is empty; list at least one node")
     default_bw = _bandwidth(origin, "origin.bandwidth", raw.origin.bandwidth)
     fills = raw.origin.budget.concurrent_fills
     if fills is not None and fills < 1:
-        raise _bad(
+        raise bad(
             origin,
             f"origin.budget.concurrentFills {fills} must be at least 1 (origin fills at once "
             "over the cluster); leave it out for one per revision",
@@ -530,13 +329,13 @@ def parse_cluster(data: Any, *, base_dir: Path, origin: str = "cluster file") ->
         loc = f"nodes[{i}]"
         _check_name(origin, f"{loc}.name", n.name)
         if n.name in seen:
-            raise _bad(origin, f"{loc}.name {n.name!r} is used twice; node names are unique")
+            raise bad(origin, f"{loc}.name {n.name!r} is used twice; node names are unique")
         seen.add(n.name)
         if n.slots < 1:
-            raise _bad(origin, f"{loc}.slots {n.slots} must be at least 1 (replicas per node)")
+            raise bad(origin, f"{loc}.slots {n.slots} must be at least 1 (replicas per node)")
         capacity = parse_size(n.capacity, what=f"{origin}: {loc}.capacity")
         if capacity <= 0:
-            raise _bad(origin, f"{loc}.capacity must be above 0; write it like 20GiB")
+            raise bad(origin, f"{loc}.capacity must be above 0; write it like 20GiB")
         store = Path(n.store) if n.store else Path("nodes") / n.name
         if not store.is_absolute():
             store = base_dir / store
@@ -565,20 +364,20 @@ def check_against_cluster(spec: EndpointSpec, cluster: ClusterSpec) -> None:
     names = {n.name for n in cluster.nodes}
     for name in w.nodes.names:
         if name not in names:
-            raise _bad(
+            raise bad(
                 where,
                 f"modelCacheConfig.weights.nodes names {name!r}, which is not in the cluster "
                 f"({', '.join(sorted(names))}); fix the name or add the node",
             )
     targets = [n for n in cluster.nodes if w.nodes.matches(n.name, n.label_map)]
     if not targets:
-        raise _bad(
+        raise bad(
             where,
             f"modelCacheConfig.weights.nodes selects no node ({w.nodes.describe()}); "
             "fix the selector or label some nodes",
         )
     if w.min_ready is not None and w.min_ready > len(targets):
-        raise _bad(
+        raise bad(
             where,
             f"modelCacheConfig.weights.minReady {w.min_ready} is above the {len(targets)} "
             f"target nodes ({w.nodes.describe()}); lower it or target more nodes",

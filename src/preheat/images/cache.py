@@ -31,7 +31,7 @@ from preheat.images.client import RegistryClient
 from preheat.images.reference import ImageRef, Platform, node_platform, parse_image_ref
 from preheat.images.source import ImageSource
 from preheat.store.fill import DEFAULT_CHUNK
-from preheat.store.pull import Progress, PullOptions
+from preheat.store.pull_options import Progress, PullOptions
 from preheat.store.revoke import normalise
 from preheat.store.store import NodeStore
 

@@ -52,7 +52,7 @@ import httptools
 
 from preheat.router import http1
 from preheat.router.state import VARIANT_HEADER
-from preheat.router.upstream import UpstreamError
+from preheat.router.upstream_errors import UpstreamError
 from preheat.router.wire import HINT_HEADER, HOP, Incoming, error_body, too_large_message
 
 if TYPE_CHECKING:

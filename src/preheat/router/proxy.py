@@ -47,13 +47,9 @@ from preheat.router.proxy_web import (
     multidict_of,
 )
 from preheat.router.state import RoutingState, Upstream, VariantRuntime
-from preheat.router.upstream import (
-    ConnectFailed,
-    Disconnected,
-    UpstreamError,
-    UpstreamPool,
-    UpstreamResponse,
-)
+from preheat.router.upstream import UpstreamPool
+from preheat.router.upstream_errors import ConnectFailed, Disconnected, UpstreamError
+from preheat.router.upstream_response import UpstreamResponse
 from preheat.router.wire import (
     ERROR_CTYPE,
     HINT_HEADER,

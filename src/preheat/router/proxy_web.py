@@ -17,7 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from preheat.router.state import VARIANT_HEADER
-from preheat.router.upstream import BadResponse, ConnectFailed, Disconnected
+from preheat.router.upstream_errors import BadResponse, ConnectFailed, Disconnected
 from preheat.router.wire import HINT_HEADER, HOP, Incoming, passed_headers
 
 log = logging.getLogger("preheat.router")

@@ -30,7 +30,7 @@ from preheat.sources.base import Resolution, open_source
 from preheat.sources.peer import PeerFill
 from preheat.sources.pieces import PIECE_SIZE
 from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
-from preheat.store.pull import PullOptions
+from preheat.store.pull_options import PullOptions
 from preheat.store.results import PullResult
 from preheat.store.store import NodeStore
 

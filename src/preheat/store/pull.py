@@ -2,32 +2,26 @@
 
 A pull resolves a ref to a revision and manifest, reserves space (evicting by plan if it
 must, refusing before any download if even that is not enough), fetches only the blobs the
-store lacks (``store.fill``), links a snapshot directory and commits its row. Fills of the
-same blob by several pullers are serialised by a per-blob file lock, and every visible
-file is complete and verified.
+store lacks (``store.fill``), links a snapshot directory and commits its row
+(``store.pull_publish``). Fills of the same blob by several pullers are serialised by a
+per-blob file lock, and every visible file is complete and verified. ``PullOptions`` is
+``store.pull_options``; failures are reported as ``store.pull_failures`` describes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import hashlib
-import json
-import os
-import shutil
 import sqlite3
-import sys
 import time
-import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from preheat.artifacts.manifest import Manifest
 from preheat.artifacts.refs import ArtifactRef, parse_ref
-from preheat.errors import CacheError, ConfigError, InsufficientSpace, RevisionChanged
+from preheat.errors import CacheError, InsufficientSpace, RevisionChanged
 from preheat.sources.base import Location, Resolution, open_source, source_identity
 from preheat.store.db import Db
 from preheat.store.fill import (
@@ -41,62 +35,13 @@ from preheat.store.fill import (
     unlock_file,
 )
 from preheat.store.layout import Layout
-from preheat.store.repair import relink, stat_of
+from preheat.store.pull_failures import disk_full, one_error
+from preheat.store.pull_options import PullOptions
+from preheat.store.pull_publish import pause, publish_snapshot, record_ref
+from preheat.store.repair import stat_of
 from preheat.store.results import PullResult
 from preheat.store.revoke import refuse_revoked, revoked
 from preheat.store.space import Reservation, Space
-
-# progress(done_bytes, total_bytes), called from the pull's event loop about 5 times a second.
-Progress = Callable[[int, int], None]
-
-
-PAUSE_ENV = "PREHEAT_TEST_PAUSE_AT"
-
-
-def _pause(phase: str) -> None:
-    """Test hook for the fault suite: with ``PREHEAT_TEST_PAUSE_AT=<phase>`` in the
-    environment the pull says ``paused at <phase>`` on stderr and sleeps 60 s there, so a
-    test can SIGKILL it in exactly that phase. Phases: ``download`` (first blob published,
-    others in flight), ``verify`` (every blob verified, no snapshot yet), ``publish``
-    (snapshot linked in tmp/, not renamed), ``commit`` (snapshot visible, no DB row)."""
-    if os.environ.get(PAUSE_ENV) == phase:
-        print(f"paused at {phase}", file=sys.stderr, flush=True)
-        time.sleep(60)
-
-
-def _disk_full(exc: BaseException) -> bool:
-    leaves = [exc]
-    while leaves:
-        e = leaves.pop()
-        if isinstance(e, BaseExceptionGroup):
-            leaves.extend(e.exceptions)
-        elif (
-            isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-        ) or "disk is full" in str(e):
-            return True
-    return False
-
-
-@dataclass(frozen=True)
-class PullOptions:
-    """How one pull fetches (validated by ``check``)."""
-
-    rate_limit: float | None
-    connections: int
-    progress: Progress | None
-    chunk: int
-    #: ``sources.peer.PeerFill`` (pieces from peers first) and the cluster-wide origin
-    #: token bucket; both None for a plain origin pull.
-    peers: Any = None
-    origin_limiter: RateLimiter | None = None
-
-    def check(self) -> None:
-        if self.connections < 1:
-            raise ConfigError(f"connections {self.connections} must be >= 1")
-        if self.chunk < 64 << 10:
-            raise ConfigError(f"chunk size {self.chunk} is below 64 KiB; use e.g. 32MiB")
-        if self.rate_limit is not None and self.rate_limit <= 0:
-            raise ConfigError(f"rate_limit {self.rate_limit} must be > 0 bytes/s (or None)")
 
 
 @dataclass
@@ -106,29 +51,6 @@ class _Want:
     expected: str | None
     location: Location
     paths: list[str] = field(default_factory=list)
-
-
-def _one_error(eg: BaseExceptionGroup[BaseException], files: dict[int, str]) -> BaseException:
-    """The first failure, its message listing every file that failed and why (callers
-    keep catching the first failure's type; ``.failures`` holds (path, error) pairs)."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for x in e.exceptions:
-                walk(x)
-        else:
-            leaves.append(e)
-
-    walk(eg)
-    errors = [e for e in leaves if not isinstance(e, asyncio.CancelledError)] or leaves
-    first = errors[0]
-    pairs = [(files.get(id(e), "?"), e) for e in errors]
-    if len(errors) > 1:
-        listed = "; ".join(f"{p!r}: {type(e).__name__}: {e}" for p, e in pairs)
-        first.args = (f"{len(errors)} files failed: {listed}",)
-    first.failures = pairs  # type: ignore[attr-defined]
-    return first
 
 
 class Puller:
@@ -213,7 +135,7 @@ class Puller:
             # the blobs it fetched stay (unprotected) for a later pull to reuse
             with contextlib.suppress(sqlite3.Error, OSError):  # a full disk may refuse it
                 await asyncio.shield(asyncio.to_thread(self.space.release, reservation))
-            if _disk_full(exc):
+            if disk_full(exc):
                 raise InsufficientSpace(
                     f"the disk under {self.layout.root} filled up while pulling {ref.display} "
                     f"(something else wrote to it after the space check: {exc}); the store "
@@ -242,7 +164,7 @@ class Puller:
             with self.db.write() as tx:
                 tx.touch(known)
                 tx.record_revision(source_id, res, known, endpoint=endpoint_url)
-            self.record_ref(ref, res, known)
+            record_ref(self.layout, ref, res, known)
         return known
 
     def _prepare(
@@ -273,12 +195,12 @@ class Puller:
         reservation: Reservation,
     ) -> str:
         """Link the snapshot, commit it and drop the reservation in one transaction."""
-        _pause("verify")
+        pause("verify")
         digest = manifest.digest
         blobs = {f.sha256 for f in manifest.files if f.sha256 is not None}
         before = {b: stat_of(self.layout.blob(b)) for b in blobs}
-        self._publish_snapshot(manifest, digest)
-        _pause("commit")
+        publish_snapshot(self.layout, manifest, digest, fsync=self.fsync)
+        pause("commit")
         fingerprints = {f.path: res.locations[f.path].fingerprint for f in manifest.files}
         with self.db.write() as tx:
             tx.commit_snapshot(manifest, digest, fingerprints)
@@ -291,7 +213,7 @@ class Puller:
             tx.record_revision(source_id, res, digest, endpoint=endpoint_url)
             tx.drop_reservation(reservation.id)
         self.space.release(reservation, dropped=True)
-        self.record_ref(ref, res, digest)
+        record_ref(self.layout, ref, res, digest)
         return digest
 
     def _plan(self, res: Resolution) -> tuple[Manifest, dict[str, _Want], set[str]]:
@@ -372,7 +294,7 @@ class Puller:
             for p in w.paths:
                 out[p] = digest
             if len(out) < sum(len(x.paths) for x in wants.values()):
-                await asyncio.to_thread(_pause, "download")
+                await asyncio.to_thread(pause, "download")
 
         async def report() -> None:
             assert progress is not None
@@ -393,7 +315,7 @@ class Puller:
                     executor, fsync_dirs, ctx.dirty_dirs
                 )
         except BaseExceptionGroup as eg:
-            raise _one_error(eg, failures) from None
+            raise one_error(eg, failures) from None
         finally:
             if reporter is not None:
                 reporter.cancel()
@@ -457,48 +379,3 @@ class Puller:
             if f.sha256 is not None and f.sha256 != have.sha256:
                 return None
         return None if stored else digest
-
-    def _publish_snapshot(self, manifest: Manifest, digest: str) -> None:
-        final = self.layout.snapshot(digest)
-        if final.is_dir():
-            # already there; re-link any path that no longer is its blob (a snapshot kept
-            # for its leases after verify quarantined a blob it could not repair)
-            for d in {f.sha256 for f in manifest.files if f.sha256 is not None}:
-                relink(self.layout, digest, manifest, d)
-            return
-        work = self.layout.tmp / f"snap-{digest[:16]}-{uuid.uuid4().hex[:8]}"
-        work.mkdir()
-        try:
-            for f in manifest.files:
-                assert f.sha256 is not None
-                dest = self.layout.inside(work, f.path)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.link(self.layout.blob(f.sha256), dest)
-            _pause("publish")
-            try:
-                os.rename(work, final)
-            except OSError:
-                if not final.is_dir():
-                    raise
-            if self.fsync:
-                fsync_dirs({self.layout.snapshots, final})
-        finally:
-            if work.exists():
-                shutil.rmtree(work, ignore_errors=True)
-
-    def record_ref(self, ref: ArtifactRef, res: Resolution, digest: str) -> None:
-        d = self.layout.refs / ref.key
-        d.mkdir(parents=True, exist_ok=True)
-        entry = {
-            "ref": ref.display,  # an audit trail people read: no credentials
-            "revision": res.revision,
-            "label": res.label,
-            "manifest_digest": digest,
-            "resolved": time.time(),
-        }
-        line = json.dumps(entry)
-        tmp = d / f".latest.{os.getpid()}.{uuid.uuid4().hex[:6]}"
-        tmp.write_text(line + "\n")
-        os.replace(tmp, d / "latest")
-        with open(d / "history.jsonl", "a") as f:
-            f.write(line + "\n")

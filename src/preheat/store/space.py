@@ -22,7 +22,8 @@ from pathlib import Path
 from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
 from preheat.errors import InsufficientSpace
-from preheat.store.db import Db, Tx
+from preheat.store.db import Db
+from preheat.store.db_tx import Tx
 from preheat.store.evict import EvictionPlan, plan_eviction
 from preheat.store.layout import Layout
 from preheat.store.results import Usage

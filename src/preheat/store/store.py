@@ -19,11 +19,13 @@ from preheat.artifacts.manifest import Manifest
 from preheat.errors import CacheError, ConfigError, SnapshotInUse, SnapshotNotFound
 from preheat.sources.base import open_source, source_identity
 from preheat.store import revoke as _revoke
-from preheat.store.db import Db, Tx
+from preheat.store.db import Db
+from preheat.store.db_tx import Tx
 from preheat.store.evict import EvictionPlan, SnapshotInfo, eviction_order
 from preheat.store.fill import DEFAULT_CHUNK, RateLimiter
 from preheat.store.layout import Layout
-from preheat.store.pull import Progress, Puller, PullOptions
+from preheat.store.pull import Puller
+from preheat.store.pull_options import Progress, PullOptions
 from preheat.store.repair import check_snapshot
 from preheat.store.results import PullResult, Usage, VerifyReport
 from preheat.store.revoke import RevokeReport

@@ -5,7 +5,10 @@ Group ``preheat.dev``, version ``v1alpha1``, ``apiextensions.k8s.io/v1`` with a 
 ``kubectl get inferenceendpoints,modeldatacaches,nodecaches`` shows readiness and cache
 state at a glance. Kubernetes 1.20 (the test cluster) has no CEL validation rules, so the
 schema checks types, ranges and enums, and the cross-field checks stay in
-:mod:`preheat.control.spec` (the operator parses every spec through it).
+:mod:`preheat.control.spec` (the operator parses every spec through it). The schema
+builders are :mod:`preheat.runtime.kubernetes.crd_schema`; the endpoint spec's schema is
+:mod:`preheat.runtime.kubernetes.crd_endpoint`; this module holds the kinds, their status
+schemas and printer columns.
 
 =================== ========== =============================== ===========================
 kind                scope      written by                      holds
@@ -22,86 +25,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from preheat.runtime.kubernetes.crd_endpoint import endpoint_spec_schema
+from preheat.runtime.kubernetes.crd_schema import (
+    Schema,
+    array,
+    boolean,
+    integer,
+    node_selector,
+    number,
+    obj,
+    string,
+)
+
 __all__ = [
     "CONDITION_TYPES",
     "GROUP",
     "KINDS",
     "VERSION",
     "custom_resource_definitions",
-    "endpoint_spec_schema",
 ]
 
 GROUP = "preheat.dev"
 VERSION = "v1alpha1"
 #: Every preheat object carries these conditions (API conventions: metav1.Condition).
 CONDITION_TYPES = ("Ready", "CacheReady", "Progressing", "Degraded")
-
-Schema = dict[str, Any]
-
-
-def _str(description: str = "", **kw: Any) -> Schema:
-    out: Schema = {"type": "string", **kw}
-    if description:
-        out["description"] = description
-    return out
-
-
-def _int(description: str = "", minimum: int | None = None, maximum: int | None = None) -> Schema:
-    out: Schema = {"type": "integer", "format": "int64"}
-    if minimum is not None:
-        out["minimum"] = minimum
-    if maximum is not None:
-        out["maximum"] = maximum
-    if description:
-        out["description"] = description
-    return out
-
-
-def _num(description: str = "", minimum: float | None = None) -> Schema:
-    out: Schema = {"type": "number"}
-    if minimum is not None:
-        out["minimum"] = minimum
-    if description:
-        out["description"] = description
-    return out
-
-
-def _bool(description: str = "") -> Schema:
-    return {"type": "boolean", **({"description": description} if description else {})}
-
-
-def _obj(props: dict[str, Schema], description: str = "", required: tuple[str, ...] = ()) -> Schema:
-    out: Schema = {"type": "object", "properties": props}
-    if required:
-        out["required"] = list(required)
-    if description:
-        out["description"] = description
-    return out
-
-
-def _map(description: str = "") -> Schema:
-    return {
-        "type": "object",
-        "additionalProperties": {"type": "string"},
-        **({"description": description} if description else {}),
-    }
-
-
-def _list(items: Schema, description: str = "") -> Schema:
-    return {
-        "type": "array",
-        "items": items,
-        **({"description": description} if description else {}),
-    }
-
-
-def _free(description: str) -> Schema:
-    """A field whose shape is Kubernetes' own (tolerations, resources): kept as written."""
-    return {
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-        "description": description,
-    }
 
 
 def _conditions() -> Schema:
@@ -110,168 +57,31 @@ def _conditions() -> Schema:
         "description": "Ready, CacheReady, Progressing, Degraded (metav1.Condition shape).",
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
-        "items": _obj(
+        "items": obj(
             {
-                "type": _str(enum=list(CONDITION_TYPES)),
-                "status": _str(enum=["True", "False", "Unknown"]),
-                "reason": _str("CamelCase reason for the last transition."),
-                "message": _str("Human-readable detail; never contains a credential."),
-                "lastTransitionTime": _str(format="date-time"),
-                "observedGeneration": _int(minimum=0),
+                "type": string(enum=list(CONDITION_TYPES)),
+                "status": string(enum=["True", "False", "Unknown"]),
+                "reason": string("CamelCase reason for the last transition."),
+                "message": string("Human-readable detail; never contains a credential."),
+                "lastTransitionTime": string(format="date-time"),
+                "observedGeneration": integer(minimum=0),
             },
             required=("type", "status"),
         ),
     }
 
 
-def _node_selector() -> Schema:
-    return _obj(
-        {
-            "names": _list(_str(), "Explicit node names."),
-            "selector": _map("Node labels that must all match."),
-        },
-        "Target nodes: names or a label selector (empty: every node).",
-    )
-
-
-def _model() -> Schema:
-    return _obj(
-        {
-            "source": _str(
-                "Artifact ref: file:///dir, http(s)://.../preheat-manifest.json, s3://bucket/prefix."
-            ),
-            "revision": _str("Optional manifest digest the source must resolve to."),
-            "fallback": _list(
-                _obj(
-                    {"source": _str("Artifact ref."), "revision": _str("Optional pin.")},
-                    required=("source",),
-                ),
-                "Other allowed versions, in order, used only while this one is revoked.",
-            ),
-        },
-        required=("source",),
-    )
-
-
-def _image() -> Schema:
-    # Untyped: a string (the short form) or ``{ref, fallback}``; the operator validates it
-    # with the same rules as a local spec (control.spec_schema) and reports what is wrong.
-    return {
-        "x-kubernetes-preserve-unknown-fields": True,
-        "description": (
-            "Container image of the engine: REGISTRY/REPO:TAG (or @sha256:...), or "
-            "{ref: IMAGE, fallback: [IMAGE, ...]}: other allowed images, in order, used only "
-            "while the image's digest is revoked."
-        ),
-    }
-
-
-def _engine() -> Schema:
-    return _obj(
-        {
-            "simulated": _obj(
-                {
-                    "profile": _str("Timing profile (preheat engine serve --profile)."),
-                    "timeScale": _num(minimum=0),
-                    "kvBlocks": _int(minimum=1),
-                },
-                "The built-in simulated engine.",
-            ),
-            "command": _str(
-                "Server command template with {snapshot}, {port}, {host}, {model}, {replica}; "
-                "becomes the container's command and args."
-            ),
-        },
-        "Exactly one of simulated or command.",
-    )
-
-
-def _replicas() -> Schema:
-    return _obj({"min": _int(minimum=0), "max": _int(minimum=1)}, "Replica bounds.")
-
-
-def endpoint_spec_schema() -> Schema:
-    """``InferenceEndpoint.spec``: the local-mode endpoint spec (camelCase) + pod overrides."""
-    return _obj(
-        {
-            "model": _model(),
-            "image": _image(),
-            "engine": _engine(),
-            "replicas": _replicas(),
-            "autoscaling": _obj(
-                {
-                    "targetInFlight": _num(minimum=0),
-                    "scaleInBelow": _num(minimum=0),
-                    "cooldownSeconds": _num(minimum=0),
-                },
-                "Scale on router-measured in-flight requests per replica.",
-                required=("targetInFlight",),
-            ),
-            "variants": _list(
-                _obj(
-                    {
-                        "name": _str(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"),
-                        "weight": _num(minimum=0),
-                        "model": _model(),
-                        "image": _image(),
-                        "engine": _engine(),
-                        "replicas": _replicas(),
-                    },
-                    required=("name",),
-                ),
-                "Production variants; default: one variant named main.",
-            ),
-            "routing": _obj(
-                {
-                    "strategy": _str(enum=["random", "least_outstanding", "prefix_aware"]),
-                    "prefixLength": _int(minimum=1024, maximum=65536),
-                    "concurrencyThreshold": _int(minimum=1, maximum=1024),
-                }
-            ),
-            "modelCacheConfig": _obj(
-                {
-                    "weights": _obj(
-                        {
-                            "enabled": _bool(),
-                            "nodes": _node_selector(),
-                            "minReady": _int("Target nodes that must hold the revision first.", 0),
-                            "priority": _int(),
-                            "pin": _bool("Never evict this revision while it is wanted."),
-                            "timeoutSeconds": _num("Then deploy anyway, CacheReady=False.", 0),
-                        }
-                    ),
-                    "image": _obj({"enabled": _bool()}),
-                }
-            ),
-            "pod": _obj(
-                {
-                    "resources": _free("Container resources (requests/limits)."),
-                    "tolerations": _list(_free("A Toleration."), "Pod tolerations."),
-                    "nodeSelector": _map(
-                        "Required node labels (preheat's own affinity is preferred)."
-                    ),
-                    "serviceAccountName": _str(),
-                    "env": _list(
-                        _free("An EnvVar (value or valueFrom)."),
-                        "Environment of the snapshot init container and the engine.",
-                    ),
-                },
-                "Overrides for the pod template of the endpoint's Deployment.",
-            ),
-        },
-        required=("model",),
-    )
-
-
 def _node_states() -> Schema:
-    return _list(
-        _obj(
+    return array(
+        obj(
             {
-                "name": _str(),
-                "state": _str(enum=["Pending", "Filling", "Pulling", "Ready", "Failed", "Evicted"]),
-                "bytes": _int(minimum=0),
-                "message": _str(),
-                "lastTransitionTime": _str(format="date-time"),
+                "name": string(),
+                "state": string(
+                    enum=["Pending", "Filling", "Pulling", "Ready", "Failed", "Evicted"]
+                ),
+                "bytes": integer(minimum=0),
+                "message": string(),
+                "lastTransitionTime": string(format="date-time"),
             },
             required=("name", "state"),
         ),
@@ -280,8 +90,8 @@ def _node_states() -> Schema:
 
 
 def _status(props: dict[str, Schema]) -> Schema:
-    return _obj(
-        {"observedGeneration": _int(minimum=0), "conditions": _conditions(), **props},
+    return obj(
+        {"observedGeneration": integer(minimum=0), "conditions": _conditions(), **props},
         "Written by the owning controller only.",
     )
 
@@ -335,10 +145,10 @@ def _crd(
                     "subresources": {"status": {}} if status is not None else {},
                     "additionalPrinterColumns": [*columns, _AGE],
                     "schema": {
-                        "openAPIV3Schema": _obj(
+                        "openAPIV3Schema": obj(
                             {
-                                "apiVersion": _str(),
-                                "kind": _str(),
+                                "apiVersion": string(),
+                                "kind": string(),
                                 "metadata": {"type": "object"},
                                 "spec": spec,
                                 **({"status": status} if status is not None else {}),
@@ -362,27 +172,27 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
         endpoint_spec_schema(),
         _status(
             {
-                "revision": _str("Manifest digest the model resolved to."),
-                "replicas": _int(minimum=0),
-                "readyReplicas": _int(minimum=0),
-                "warmNodes": _int("Target nodes that hold the revision.", 0),
-                "message": _str("What the operator is doing or waiting for."),
-                "resolvedGeneration": _int("Generation whose sources were resolved.", 0),
-                "variants": _list(
-                    _obj(
+                "revision": string("Manifest digest the model resolved to."),
+                "replicas": integer(minimum=0),
+                "readyReplicas": integer(minimum=0),
+                "warmNodes": integer("Target nodes that hold the revision.", 0),
+                "message": string("What the operator is doing or waiting for."),
+                "resolvedGeneration": integer("Generation whose sources were resolved.", 0),
+                "variants": array(
+                    obj(
                         {
-                            "name": _str(),
-                            "revision": _str(),
-                            "digest": _str("Manifest digest of the revision's snapshot."),
-                            "bytes": _int(minimum=0),
-                            "replicas": _int(minimum=0),
-                            "readyReplicas": _int(minimum=0),
-                            "warmNodes": _int(minimum=0),
-                            "stable": _str("The version that last finished rolling out."),
-                            "failedVersions": _list(_str(), "Versions rolled back."),
-                            "gatesOpen": _list(_str(), "Revisions whose cache gate opened."),
-                            "gateSince": _list(
-                                _obj({"revision": _str(), "since": _num(minimum=0)}),
+                            "name": string(),
+                            "revision": string(),
+                            "digest": string("Manifest digest of the revision's snapshot."),
+                            "bytes": integer(minimum=0),
+                            "replicas": integer(minimum=0),
+                            "readyReplicas": integer(minimum=0),
+                            "warmNodes": integer(minimum=0),
+                            "stable": string("The version that last finished rolling out."),
+                            "failedVersions": array(string(), "Versions rolled back."),
+                            "gatesOpen": array(string(), "Revisions whose cache gate opened."),
+                            "gateSince": array(
+                                obj({"revision": string(), "since": number(minimum=0)}),
                                 "When each revision's cache gate began waiting (Unix s).",
                             ),
                         },
@@ -406,24 +216,24 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
         "modeldatacaches",
         "mdc",
         "Namespaced",
-        _obj(
+        obj(
             {
-                "source": _str("Artifact ref of the model."),
-                "revision": _str("Manifest digest (immutable identity of the snapshot)."),
-                "nodes": _node_selector(),
-                "minReady": _int(minimum=0),
-                "priority": _int(),
-                "pin": _bool(),
-                "endpoints": _list(_str(), "InferenceEndpoints that want this revision."),
+                "source": string("Artifact ref of the model."),
+                "revision": string("Manifest digest (immutable identity of the snapshot)."),
+                "nodes": node_selector(),
+                "minReady": integer(minimum=0),
+                "priority": integer(),
+                "pin": boolean(),
+                "endpoints": array(string(), "InferenceEndpoints that want this revision."),
             },
             required=("source",),
         ),
         _status(
             {
-                "manifestDigest": _str(),
-                "bytes": _int(minimum=0),
-                "targetNodes": _list(_str()),
-                "readyNodes": _int(minimum=0),
+                "manifestDigest": string(),
+                "bytes": integer(minimum=0),
+                "targetNodes": array(string()),
+                "readyNodes": integer(minimum=0),
                 "nodes": _node_states(),
             }
         ),
@@ -440,20 +250,20 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
         "modelimagecaches",
         "mic",
         "Namespaced",
-        _obj(
+        obj(
             {
-                "image": _str("Image reference as written."),
-                "digest": _str("Resolved sha256 digest (caches are keyed by it)."),
-                "nodes": _node_selector(),
-                "endpoints": _list(_str(), "InferenceEndpoints that use this image."),
+                "image": string("Image reference as written."),
+                "digest": string("Resolved sha256 digest (caches are keyed by it)."),
+                "nodes": node_selector(),
+                "endpoints": array(string(), "InferenceEndpoints that use this image."),
             },
             required=("image",),
         ),
         _status(
             {
-                "digest": _str(),
-                "targetNodes": _list(_str()),
-                "readyNodes": _int(minimum=0),
+                "digest": string(),
+                "targetNodes": array(string()),
+                "readyNodes": integer(minimum=0),
                 "nodes": _node_states(),
             }
         ),
@@ -471,76 +281,76 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
         "nodecaches",
         "nc",
         "Cluster",
-        _obj(
+        obj(
             {
-                "node": _str("The Node this store belongs to."),
-                "storePath": _str("Host path of the node store."),
-                "capacityBytes": _int(minimum=0),
+                "node": string("The Node this store belongs to."),
+                "storePath": string("Host path of the node store."),
+                "capacityBytes": integer(minimum=0),
             },
             required=("node",),
         ),
         _status(
             {
-                "capacityBytes": _int(minimum=0),
-                "usedBytes": _int(minimum=0),
-                "freeBytes": _int(minimum=0),
-                "revisionCount": _int(minimum=0),
-                "revisions": _list(
-                    _obj(
+                "capacityBytes": integer(minimum=0),
+                "usedBytes": integer(minimum=0),
+                "freeBytes": integer(minimum=0),
+                "revisionCount": integer(minimum=0),
+                "revisions": array(
+                    obj(
                         {
-                            "revision": _str(),
-                            "source": _str("Redacted source ref (no credentials)."),
-                            "bytes": _int(minimum=0),
-                            "state": _str(enum=["Filling", "Ready", "Failed", "Evicting"]),
-                            "pinned": _bool(),
-                            "leases": _int(minimum=0),
-                            "lastUsed": _str(format="date-time"),
-                            "readyAt": _str("When the snapshot arrived.", format="date-time"),
+                            "revision": string(),
+                            "source": string("Redacted source ref (no credentials)."),
+                            "bytes": integer(minimum=0),
+                            "state": string(enum=["Filling", "Ready", "Failed", "Evicting"]),
+                            "pinned": boolean(),
+                            "leases": integer(minimum=0),
+                            "lastUsed": string(format="date-time"),
+                            "readyAt": string("When the snapshot arrived.", format="date-time"),
                         },
                         required=("revision", "state"),
                     )
                 ),
-                "images": _list(
-                    _obj(
+                "images": array(
+                    obj(
                         {
-                            "image": _str("registry/repository:tag (or @digest), normalised."),
-                            "digest": _str("What the tag resolved to (resolved once)."),
-                            "bytes": _int(minimum=0),
-                            "state": _str(enum=["Pulling", "Ready", "Failed"]),
-                            "readyAt": _str("When the pull finished.", format="date-time"),
-                            "references": _int(minimum=0),
-                            "message": _str("Why the last pull failed (redacted)."),
+                            "image": string("registry/repository:tag (or @digest), normalised."),
+                            "digest": string("What the tag resolved to (resolved once)."),
+                            "bytes": integer(minimum=0),
+                            "state": string(enum=["Pulling", "Ready", "Failed"]),
+                            "readyAt": string("When the pull finished.", format="date-time"),
+                            "references": integer(minimum=0),
+                            "message": string("Why the last pull failed (redacted)."),
                         },
                         required=("image", "state"),
                     ),
                     "Images the node store holds or pulls (ModelImageCache pre-pulls).",
                 ),
-                "evictionOrder": _list(_str(), "Next eviction candidates, first evicted first."),
-                "revocations": _list(
-                    _obj({"key": _str(), "reason": _str()}, required=("key",)),
+                "evictionOrder": array(string(), "Next eviction candidates, first evicted first."),
+                "revocations": array(
+                    obj({"key": string(), "reason": string()}, required=("key",)),
                     "Revocation keys this agent applied to the node store.",
                 ),
-                "lastFailure": _obj(
-                    {"time": _str(format="date-time"), "reason": _str(), "message": _str()}
+                "lastFailure": obj(
+                    {"time": string(format="date-time"), "reason": string(), "message": string()}
                 ),
                 # peers (docs/peers.md): where this node serves its blobs, which it holds
-                "peer": _obj(
+                "peer": obj(
                     {
-                        "url": _str("The agent's peer blob server (token from a Secret)."),
-                        "blobs": _list(_str(), "sha256 of the blobs of held revisions."),
+                        "url": string("The agent's peer blob server (token from a Secret)."),
+                        "blobs": array(string(), "sha256 of the blobs of held revisions."),
                     }
                 ),
-                "warmups": _list(
-                    _obj(
+                "warmups": array(
+                    obj(
                         {
-                            "revision": _str(),
-                            "mode": _str(enum=["origin", "peer", "cache"]),
-                            "seconds": _num(minimum=0),
-                            "bytesFrom": _obj(
+                            "revision": string(),
+                            "mode": string(enum=["origin", "peer", "cache"]),
+                            "seconds": number(minimum=0),
+                            "bytesFrom": obj(
                                 {
-                                    "origin": _int(minimum=0),
-                                    "peer": _int(minimum=0),
-                                    "cache": _int(minimum=0),
+                                    "origin": integer(minimum=0),
+                                    "peer": integer(minimum=0),
+                                    "cache": integer(minimum=0),
                                 }
                             ),
                         },
@@ -563,17 +373,17 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
         "revocations",
         "rvk",
         "Cluster",
-        _obj(
+        obj(
             {
-                "key": _str(
+                "key": string(
                     "A model revision, snapshot manifest digest, or image/blob digest "
                     "(sha256:<hex>)."
                 ),
-                "reason": _str("Why (shown in Events, status and pull errors)."),
+                "reason": string("Why (shown in Events, status and pull errors)."),
             },
             required=("key",),
         ),
-        _status({"appliedNodes": _list(_str(), "Nodes whose agent applied it to the store.")}),
+        _status({"appliedNodes": array(string(), "Nodes whose agent applied it to the store.")}),
         [
             _column("Key", ".spec.key"),
             _condition_column("Ready"),

@@ -24,6 +24,11 @@
   to the object is applied live. A change that does not parse is logged and ignored: the
   router keeps routing with the config it has.
 
+The objects-to-config functions are ``runtime.kubernetes.discovery_slices``; the API
+client is ``runtime.kubernetes.api_client``. ``variant_service_name`` is re-exported here
+(its home is ``discovery_slices``) because docs/kubernetes.md names it
+``discovery.variant_service_name``.
+
 Every change goes through the calls the admin API makes (``RoutingState.replace_config``
 and ``set_state``), on the router's event loop. The watches run in two daemon threads
 (the ``kubernetes`` client is synchronous): list, then watch from the list's
@@ -38,202 +43,38 @@ exactly what this module calls: get/list/watch EndpointSlices and InferenceEndpo
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
-import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from preheat.control.spec import EndpointSpec
 from preheat.errors import ConfigError
 from preheat.router.config import RouterConfig, parse_config
 from preheat.router.kvspec import parse_kv_events
 from preheat.router.state import RoutingState
+from preheat.runtime.kubernetes.api_client import discovery_version
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
+from preheat.runtime.kubernetes.discovery_slices import (
+    SERVICE_NAME_LABEL,
+    desired_instances,
+    kv_event_endpoints,
+    routing_variants,
+    variant_service_name,
+)
 from preheat.runtime.kubernetes.resources import endpoint_from_object
 
-__all__ = [
-    "Discovery",
-    "SliceEndpoint",
-    "connect",
-    "desired_instances",
-    "discovery_version",
-    "kv_event_endpoints",
-    "routing_variants",
-    "slice_endpoints",
-    "variant_service_name",
-]
+__all__ = ["Discovery", "variant_service_name"]
 
 log = logging.getLogger("preheat.router.kubernetes")
 
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _PLURAL = "inferenceendpoints"
 _WATCH_S = 15  # a watch call ends after this long and is renewed from its resourceVersion
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
-
-
-def variant_service_name(endpoint: str, variant: str) -> str:
-    """The Service in front of one variant's pods: ``ENDPOINT-VARIANT`` (a DNS label; a
-    longer pair keeps 54 characters and a digest of the whole)."""
-    name = f"{endpoint}-{variant}"
-    if len(name) <= 63:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:54].rstrip('-')}-{digest}"
-
-
-# --- connecting ---------------------------------------------------------------------------
-
-
-def connect(kubeconfig: Path | None = None) -> tuple[client.ApiClient, str | None]:
-    """An API client from ``kubeconfig``, else ``KUBECONFIG``/``~/.kube/config``, else the
-    in-cluster ServiceAccount; with the namespace of the kubeconfig context or the pod."""
-    if kubeconfig is not None and not kubeconfig.is_file():
-        raise ConfigError(f"--kubeconfig {kubeconfig} does not exist; give a kubeconfig file")
-    default = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
-    file = kubeconfig or (default.expanduser() if default.expanduser().is_file() else None)
-    try:
-        if file is not None:
-            api = config.new_client_from_config(config_file=str(file))
-            _, active = config.list_kube_config_contexts(config_file=str(file))
-            return api, (active or {}).get("context", {}).get("namespace")
-        conf = client.Configuration()
-        config.load_incluster_config(client_configuration=conf)
-    except ConfigException as exc:
-        where = f"kubeconfig {file}" if file is not None else "the in-cluster ServiceAccount"
-        raise ConfigError(
-            f"cannot load Kubernetes credentials from {where}: {exc}; give --kubeconfig, "
-            "set KUBECONFIG, or run in a pod with a ServiceAccount"
-        ) from None
-    ns = IN_CLUSTER_NAMESPACE.read_text().strip() if IN_CLUSTER_NAMESPACE.is_file() else None
-    return client.ApiClient(conf), ns
-
-
-def discovery_version(api: client.ApiClient) -> str:
-    """``v1`` when the API server serves ``discovery.k8s.io/v1``, else ``v1beta1``."""
-    try:
-        groups = client.ApisApi(api).get_api_versions().groups or []
-    except ApiException as exc:
-        raise ConfigError(f"API discovery failed ({exc.status} {exc.reason})") from None
-    except urllib3.exceptions.HTTPError as exc:
-        raise ConfigError(
-            f"cannot reach the Kubernetes API server {api.configuration.host}: "
-            f"{getattr(exc, 'reason', None) or exc}; check the kubeconfig's server address"
-        ) from None
-    for g in groups:
-        if g.name == "discovery.k8s.io":
-            versions = {v.version for v in g.versions or ()}
-            for want in ("v1", "v1beta1"):
-                if want in versions:
-                    return want
-    raise ConfigError(
-        "the API server serves no discovery.k8s.io/v1 or v1beta1 (EndpointSlices); "
-        "Kubernetes 1.17 or newer is needed"
-    )
-
-
-# --- from objects to router config (pure functions of the objects) -------------------------
-
-
-@dataclass(frozen=True)
-class SliceEndpoint:
-    """One address of an EndpointSlice as the router sees it."""
-
-    url: str
-    ready: bool
-    # tcp://ADDRESS:PORT of the slice's kv-events port (and ?replay=... of kv-replay)
-    kv_events: str | None = None
-
-
-KV_EVENTS_PORT = "kv-events"
-KV_REPLAY_PORT = "kv-replay"
-
-
-def slice_endpoints(obj: Mapping[str, Any]) -> list[SliceEndpoint]:
-    """The instance URLs of one EndpointSlice (v1 or v1beta1), each ready or not."""
-    ports = obj.get("ports") or []
-    port = next((p for p in ports if p.get("name") == "http"), ports[0] if ports else None)
-    if port is None or port.get("port") is None:
-        return []
-    named = {p.get("name"): p.get("port") for p in ports}
-    kv, replay = named.get(KV_EVENTS_PORT), named.get(KV_REPLAY_PORT)
-    out = []
-    for e in obj.get("endpoints") or ():
-        cond = e.get("conditions") or {}
-        ready = cond.get("ready") is not False and not cond.get("terminating")
-        for addr in e.get("addresses") or ():
-            host = f"[{addr}]" if ":" in addr else addr
-            ev = f"tcp://{host}:{kv}" if kv else None
-            if ev and replay:
-                ev += f"?replay=tcp://{host}:{replay}"
-            out.append(SliceEndpoint(f"http://{host}:{port['port']}", ready, ev))
-    return out
-
-
-def kv_event_endpoints(
-    slices: Iterable[Mapping[str, Any]], services: Mapping[str, str], options: str = ""
-) -> dict[str, str]:
-    """Instance URL -> its kv_events setting (router/kvspec.py) for the addresses of the
-    variants' slices that have a ``kv-events`` port; ``options`` (``hash=...&...``) added."""
-    out: dict[str, str] = {}
-    for s in slices:
-        labels = s.get("metadata", {}).get("labels") or {}
-        if str(labels.get(SERVICE_NAME_LABEL)) not in services:
-            continue
-        for e in slice_endpoints(s):
-            if e.kv_events:
-                sep = "&" if "?" in e.kv_events else "?"
-                out[e.url] = e.kv_events + (sep + options if options else "")
-    return out
-
-
-def desired_instances(
-    slices: Iterable[Mapping[str, Any]], services: Mapping[str, str]
-) -> dict[str, dict[str, bool]]:
-    """Per variant, each instance URL and whether it is ready, from the slices of the
-    variants' Services (``services``: Service name -> variant). An address that one slice
-    lists as ready is ready."""
-    out: dict[str, dict[str, bool]] = {v: {} for v in services.values()}
-    for s in slices:
-        labels = s.get("metadata", {}).get("labels") or {}
-        variant = services.get(str(labels.get(SERVICE_NAME_LABEL)))
-        if variant is None:
-            continue
-        for e in slice_endpoints(s):
-            out[variant][e.url] = out[variant].get(e.url, False) or e.ready
-    return out
-
-
-def routing_variants(spec: EndpointSpec, current: Mapping[str, Any]) -> dict[str, Any]:
-    """The router config document ``current`` (``RouterConfig.to_dict``) with one variant
-    per endpoint variant, strategy, thresholds and weight from the spec; a variant that
-    stays keeps its instances and its other parameters."""
-    raw = dict(current)
-    old = {v["name"]: v for v in current.get("variants", ())}
-    r = spec.routing
-    raw["variants"] = [
-        {
-            **old.get(v.name, {"name": v.name, "instances": []}),
-            "weight": v.weight,
-            "strategy": r.strategy,
-            "prefix_length": r.prefix_length,
-            "concurrency_threshold": r.concurrency_threshold,
-        }
-        for v in spec.variants
-    ]
-    return raw
-
-
-# --- the live part ---------------------------------------------------------------------------
 
 
 class Discovery:

@@ -27,7 +27,7 @@ from preheat.control.state import (
 from preheat.errors import PreheatError
 from preheat.runtime.kubernetes import endpoint_status as es
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
-from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.discovery_slices import variant_service_name
 from preheat.runtime.kubernetes.k8s_executor_base import _CACHES, _ENDPOINTS, ExecutorBase, _Pass
 from preheat.runtime.kubernetes.resources import endpoint_from_object
 from preheat.runtime.kubernetes.revocations import list_revocations, resolve_fallbacks

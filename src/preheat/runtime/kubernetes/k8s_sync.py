@@ -19,7 +19,7 @@ from preheat.control.rollout import effective_version
 from preheat.control.state import revision_of, template_of
 from preheat.runtime.kubernetes import endpoint_status as es
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
-from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.discovery_slices import variant_service_name
 from preheat.runtime.kubernetes.image_caches import sync_image_caches
 from preheat.runtime.kubernetes.k8s_executor_base import (
     _CACHES,

@@ -8,7 +8,8 @@ An extension API server (aiohttp, TLS) registered with the aggregator by the ``A
 **Where the number comes from.** For ``namespaces/NS/preheat_router_in_flight`` with a
 selector that pins ``endpoint=E`` (the rendered HPA always does): the EndpointSlices of
 the router Service ``preheat-router-E`` in ``NS`` (listed the way router discovery lists
-the variants' slices: ``discovery.connect``, ``discovery_version``, ``slice_endpoints``);
+the variants' slices: ``api_client.connect``, ``discovery_version``,
+``discovery_slices.slice_endpoints``);
 every ready address's ``/metrics`` is scraped (concurrently, ``--scrape-timeout`` each) and
 its ``preheat_router_in_flight`` samples summed per variant. Nothing is cached: each HPA
 sync sees the routers as they are. A router that is listed ready but does not answer
@@ -48,12 +49,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from preheat.errors import ConfigError, PreheatError
+from preheat.runtime.kubernetes.api_client import discovery_version
 from preheat.runtime.kubernetes.autoscaler import IN_FLIGHT_METRIC
-from preheat.runtime.kubernetes.discovery import (
-    SERVICE_NAME_LABEL,
-    discovery_version,
-    slice_endpoints,
-)
+from preheat.runtime.kubernetes.discovery_slices import SERVICE_NAME_LABEL, slice_endpoints
 from preheat.runtime.kubernetes.metrics_adapter_core import (
     GROUP,
     GROUP_VERSION,

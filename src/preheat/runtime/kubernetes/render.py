@@ -30,7 +30,7 @@ from preheat.control.spec import EndpointSpec
 from preheat.runtime.kubernetes import workload as _workload
 from preheat.runtime.kubernetes.autoscaler import hpa_body
 from preheat.runtime.kubernetes.crds import custom_resource_definitions
-from preheat.runtime.kubernetes.discovery import variant_service_name
+from preheat.runtime.kubernetes.discovery_slices import variant_service_name
 from preheat.runtime.kubernetes.mirror_config import DEFAULT_CONFIG_PATH
 from preheat.runtime.kubernetes.render_rbac import (
     AGENT_PEER_RULES,
