@@ -122,7 +122,8 @@ def _admin_status(port: int, token: str, proc: subprocess.Popen[str]) -> int:
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return int(resp.status)
         except urllib.error.HTTPError as exc:
-            return int(exc.code)
+            with exc:
+                return int(exc.code)
         except OSError:
             time.sleep(0.1)
     raise AssertionError("the router did not listen within 30 s")

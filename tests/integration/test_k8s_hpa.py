@@ -90,7 +90,8 @@ class World:
                 r.read()
                 return int(r.status)
         except urllib.error.HTTPError as exc:
-            return exc.code
+            with exc:
+                return exc.code
         except OSError:
             return 0
 
@@ -252,7 +253,8 @@ def test_the_adapter_serves_the_external_metrics_api_through_the_aggregator(worl
         urllib.request.urlopen(
             f"https://127.0.0.1:{world.adapter_port}{METRIC_PATH}", context=ctx, timeout=5
         )
-    assert err.value.code == 401 and b"front-proxy" in err.value.read()
+    with err.value:
+        assert err.value.code == 401 and b"front-proxy" in err.value.read()
     router = kube.rest(kube.service_account_token(NS, "preheat-router-chat"))
     status, body = router.call("GET", METRIC_PATH)
     assert status == 403 and "preheat-router-chat" in json.dumps(body), body

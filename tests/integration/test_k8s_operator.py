@@ -150,7 +150,8 @@ class World:
                 r.read()
                 return r.status, r.headers.get("X-Preheat-Instance", "")
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")[:200]
+            with exc:
+                return exc.code, exc.read().decode(errors="replace")[:200]
         except OSError as exc:
             return 0, str(exc)
 

@@ -256,7 +256,8 @@ def _peer_get(url: str, headers: dict[str, str]) -> int:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
-        return int(exc.code)
+        with exc:
+            return int(exc.code)
 
 
 def test_peer_servers_want_the_token_and_never_show_it(world: World) -> None:

@@ -123,7 +123,8 @@ class RouterProc:
                 json.loads(r.read())
                 return r.status, r.headers.get("X-Preheat-Instance", "")
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")[:200]
+            with exc:
+                return exc.code, exc.read().decode(errors="replace")[:200]
 
 
 @pytest.fixture(scope="module")

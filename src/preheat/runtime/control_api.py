@@ -203,10 +203,11 @@ def call(state_dir: Path, method: str, path: str, body: Any = None, timeout: flo
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read()).get("error", str(exc))
-        except ValueError:
-            message = str(exc)
+        with exc:  # the error holds the response's socket until closed
+            try:
+                message = json.loads(exc.read()).get("error", str(exc))
+            except ValueError:
+                message = str(exc)
         if exc.code == 400:
             raise ConfigError(message) from None
         raise ControlError(message) from None

@@ -1,6 +1,6 @@
 """One simulated engine on virtual time: the live ``engine.core`` scheduler, step by step (pure).
 
-The same loop as ``engine/server.py``'s engine task, with the sleep replaced by an event:
+The same loop as ``engine/task.py``'s engine task, with the sleep replaced by an event:
 when work arrives at an idle engine it plans a step (``Scheduler.schedule``) at once; the
 step's end is an event ``step.duration`` later, where ``Scheduler.complete`` applies it
 and the next step is planned. Requests that arrive during a step join the next one.

@@ -1,6 +1,6 @@
 """Request bodies to the tokens and KV block hashes the simulated engine computes (pure).
 
-The same steps as ``engine/server.py``: a chat body is rendered with the engine's chat
+The same steps as the engine (``engine/openai_api.py``): a chat body is rendered with the engine's chat
 template (``engine.core.chat.render_chat``) and encoded by its tokenizer; a completions
 ``prompt`` is encoded, or taken as token ids; ``max_tokens`` (or
 ``max_completion_tokens``) defaults to the engine's 128 (chat) or 16 (completions).
@@ -30,7 +30,7 @@ from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
 
 __all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "Prompt", "PromptBuilder"]
 
-# The engine's defaults (engine/server.py; a unit test keeps them equal).
+# The engine's defaults (engine/openai_api.py; a unit test keeps them equal).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 128
 _EOT = "<|eot_id|>"

@@ -114,7 +114,8 @@ class Rest:
             with urllib.request.urlopen(req, context=self._ctx, timeout=timeout) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            status, raw = exc.code, exc.read()
+            with exc:
+                status, raw = exc.code, exc.read()
         try:
             return status, json.loads(raw) if raw else None
         except ValueError:
