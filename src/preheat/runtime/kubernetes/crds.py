@@ -528,6 +528,18 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
                     {
                         "url": _str("The agent's peer blob server (token from a Secret)."),
                         "blobs": _list(_str(), "sha256 of the blobs of held revisions."),
+                        "filling": _list(
+                            _obj(
+                                {
+                                    "blob": _str("sha256 of a blob this node is filling."),
+                                    "pieces": _int(minimum=1),
+                                    "landed": _int("Pieces landed and verified.", minimum=0),
+                                    "verified": _str("Those pieces' indices, e.g. 0-11,13."),
+                                },
+                                required=("blob",),
+                            ),
+                            "Fill progress peers follow (bounded; written at most every second).",
+                        ),
                     }
                 ),
                 "warmups": _list(
