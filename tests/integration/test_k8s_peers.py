@@ -92,6 +92,9 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
         (base / "origin" / "m3").mkdir(exist_ok=True)
         (base / "origin" / "m3" / fname).write_bytes(rng.randbytes(fsize))
     write_http_manifest(base / "origin" / "m3")
+    for name in ("m4a", "m4b"):  # tiny: a warm-up that reads the settings
+        generate_model(base / "origin" / name, 200_000, shards=1, seed=len(name))
+        write_http_manifest(base / "origin" / name)
     token = secrets.token_urlsafe(32)
     token_file = base / "peer-token"
     token_file.write_text(token + "\n")
@@ -350,3 +353,64 @@ def test_receivers_start_from_a_seed_that_is_still_filling(world: World) -> None
     assert seed_rec is not None
     wrote = world.agents[seed[0]].metric("preheat_agent_status_writes_total") - writes[seed[0]]
     assert wrote <= seed_rec["seconds"] / 1.0 + 8, (wrote, seed_rec)
+
+
+def _condition(kube: KubeCluster, node: str, kind: str) -> dict[str, Any]:
+    conds = (_nodecache(kube, node).get("status") or {}).get("conditions") or ()
+    return next((c for c in conds if c["type"] == kind), {})
+
+
+def _events(kube: KubeCluster, node: str, reason: str) -> list[dict[str, Any]]:
+    out = kube.kubectl(
+        "get", "events", "-A", "-o", "json", "--field-selector",
+        f"involvedObject.kind=NodeCache,involvedObject.name={node},reason={reason}",
+    )  # fmt: skip
+    return list(json.loads(out.stdout)["items"])
+
+
+def test_invalid_peer_settings_show_on_the_nodecache_and_do_not_fail_warm_ups(
+    world: World,
+) -> None:
+    """A preheat-settings ConfigMap whose settings.yaml does not validate: peer-b's next
+    warm-up still ends Ready (the last valid settings are kept), its NodeCache says
+    Degraded=True InvalidPeerSettings with the error, one Warning Event names it
+    (kubectl describe shows it); once fixed, Degraded clears and a Normal Event says so."""
+    kube = world.kube
+    bad = {"data": {"settings.yaml": "origin:\n  budget: {concurrentFills: 0}\n"}}
+    kube.rest().must("PATCH", SETTINGS, bad, content_type="application/merge-patch+json")
+    try:
+        for name in ("m4a", "m4b"):
+            if name == "m4b":
+                _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+            rev, _ = NodeStore(world.access_log.parent / f"probe-{name}").resolve(world.urls[name])
+            _create_cache(kube, name, world.urls[name], rev, ["peer-b"], namespace=NS)
+            until(f"peer-b holds {name}", lambda rev=rev: _ready(kube, "peer-b", rev), timeout=60)
+            if name == "m4a":
+                cond = until(
+                    "Degraded InvalidPeerSettings",
+                    lambda: (
+                        (c := _condition(kube, "peer-b", "Degraded")).get("reason")
+                        == "InvalidPeerSettings"
+                        and c
+                    ),
+                    timeout=30,
+                )
+                assert cond["status"] == "True", cond
+                assert "concurrentFills 0 must be at least 1" in cond["message"], cond
+                (event,) = until(
+                    "the Warning Event", lambda: _events(kube, "peer-b", "InvalidPeerSettings")
+                )
+                assert event["type"] == "Warning" and "concurrentFills 0" in event["message"]
+                described = kube.kubectl("describe", "nodecache", "peer-b").stdout
+                assert "InvalidPeerSettings" in described, described
+    finally:
+        _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+    cond = until(
+        "Degraded cleared",
+        lambda: (c := _condition(kube, "peer-b", "Degraded")).get("status") == "False" and c,
+        timeout=30,
+    )
+    assert cond["reason"] == "AsExpected", cond
+    (fixed,) = until("the Normal Event", lambda: _events(kube, "peer-b", "PeerSettingsValid"))
+    assert fixed["type"] == "Normal"
+    assert world.agents["peer-b"].metric('preheat_agent_warmups_total{outcome="failed"}') == 0

@@ -4,6 +4,8 @@ publishes it (bounded, round-tripping) and the directory a receiving agent's fil
 
 from __future__ import annotations
 
+from typing import Any
+
 from preheat.control.fanout import Budget, Mode, WarmRequest, plan_fanout
 from preheat.runtime.kubernetes.nodecache_peers import (
     MAX_FILLING,
@@ -97,3 +99,31 @@ def test_seeds_count_as_sources_and_their_progress_is_what_they_published() -> N
     view.seeds = {"seed": frozenset({"big"})}
     view.avoid("seed", "bad bytes")
     assert view.seed_progress("big", "me") == {} and view.filling("me") == {}
+
+
+def test_invalid_peer_settings_make_the_nodecache_degraded_before_a_failed_warm_up() -> None:
+    """nodecache_status's ``degraded`` (the agent's invalid peer settings) sets
+    Degraded=True with its reason and message, names a failed warm-up too, and the
+    condition keeps its transition time while it holds; without it, the old reasons."""
+    from preheat.runtime.kubernetes.nodecache_status import WantedRevision, nodecache_status
+
+    def degraded(**kw: object) -> dict[str, Any]:
+        base: dict[str, object] = dict(
+            generation=1, now="2026-12-01T12:00:00Z", capacity_bytes=None, free_bytes=1,
+            held=[], pending=[], wanted=[], eviction_order=[], last_failure=None,
+        )  # fmt: skip
+        status = nodecache_status(**{**base, **kw})  # type: ignore[arg-type]
+        return next(c for c in status["conditions"] if c["type"] == "Degraded")
+
+    bad = ("InvalidPeerSettings", "ConfigMap preheat-system/preheat-settings: bad")
+    cond = degraded(degraded=bad)
+    assert (cond["status"], cond["reason"], cond["message"]) == ("True", *bad)
+    failed = [WantedRevision("r1", "http://o/m", "Failed")]
+    both = degraded(degraded=bad, pending=failed, last_failure={"message": "r1: 503"})
+    assert both["reason"] == "InvalidPeerSettings" and both["message"].endswith(
+        "; warm-up failed: r1: 503"
+    )
+    later = degraded(degraded=bad, now="2026-12-01T12:05:00Z", previous={"conditions": [cond]})
+    assert later["lastTransitionTime"] == "2026-12-01T12:00:00Z"
+    assert degraded()["reason"] == "AsExpected" and degraded()["status"] == "False"
+    assert degraded(pending=failed, last_failure={"message": "x"})["reason"] == "WarmupFailed"

@@ -47,14 +47,9 @@ from preheat.control.fanout import (
 )
 from preheat.runtime.kubernetes.agent_config import describe_error
 from preheat.runtime.kubernetes.agent_metrics import fetched_bytes
-from preheat.runtime.kubernetes.agent_peers_config import (
-    SETTINGS_KEY,
-    PeerConfig,
-    PeerSettings,
-    parse_settings,
-    read_token,
-)
+from preheat.runtime.kubernetes.agent_peers_config import PeerConfig, PeerSettings, read_token
 from preheat.runtime.kubernetes.agent_peers_slots import OriginSlots
+from preheat.runtime.kubernetes.agent_settings import PeerSettingsReader
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.nodecache_peers import (
     FillProgress,
@@ -110,6 +105,9 @@ class AgentPeers:
         self.client = PeerClient(token)
         del token
         self.directory = NodeCachePeers(client.CustomObjectsApi(api_client), node)
+        self.settings_reader = PeerSettingsReader(
+            self.core, client.CustomObjectsApi(api_client), pcfg, node
+        )
         self.slots = OriginSlots(api_client, pcfg.namespace, pcfg.lease_seconds)
         #: revision -> its blobs, while this agent pulls it (published ones are listed).
         self._pulling: dict[str, frozenset[str]] = {}
@@ -152,16 +150,9 @@ class AgentPeers:
         return peer_status(self.url, blobs, self.records.values(), filling)
 
     def settings(self) -> PeerSettings:
-        """The ConfigMap's settings now (absent: the defaults; unreadable: said, defaults)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            cm = self.core.read_namespaced_config_map(self.cfg.settings, self.cfg.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("cannot read the peer settings: %s", describe_error(exc))
-            return PeerSettings()
-        return parse_settings((cm.data or {}).get(SETTINGS_KEY))
+        """The ConfigMap's settings now (``agent_settings``: absent, the defaults; invalid,
+        the last valid ones, said on the NodeCache and in an Event)."""
+        return self.settings_reader.read()
 
     # --- warm-up --------------------------------------------------------------------
 
