@@ -183,8 +183,8 @@ class AgentPeers:
         rev = revision or rev
         me = f"{self.node}/{rev}"
         names = origin_slot_names(budget, rev)
-        self._pulling[rev] = blobs
         mode, slot = await self._admit(rev, blobs, names, budget, me, on_wait)
+        self._pulling[rev] = blobs  # its published blobs are listed while it fills
         # while it fills: the slot renewed, this node's progress published, and the view
         # of the others (holders, seeds' progress) kept fresh for the fill's pieces
         tasks = [asyncio.create_task(self._every(self.cfg.progress_s, publish))]
