@@ -11,6 +11,7 @@ byte it sends. What is checked: bytes at the origin, NodeCache status (`peer`,
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import subprocess
 import sys
@@ -43,6 +44,9 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/preheat-system/leases"
 SETTINGS = "/api/v1/namespaces/preheat-system/configmaps/preheat-settings"
 SIZE_1 = 40_000_000  # 2 shards of 20 MB: 2 pieces of 16 MiB each
 SIZE_2 = 32_000_000
+#: m3, for the filling seed: blobs that land one after another under one origin budget,
+#: the first with two pieces of which the short one lands first.
+SEED_FILES = {"a.bin": 17 << 20, "b.bin": 4_000_000, "c.bin": 12_000_000, "d.bin": 16_000_000}
 
 
 class PeerAgent(Agent):
@@ -83,6 +87,14 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
     for name, size in (("m1", SIZE_1), ("m2", SIZE_2)):
         generate_model(base / "origin" / name, size, shards=2, seed=len(name) + size % 7)
         write_http_manifest(base / "origin" / name)
+    rng = random.Random(3)
+    for fname, fsize in SEED_FILES.items():
+        (base / "origin" / "m3").mkdir(exist_ok=True)
+        (base / "origin" / "m3" / fname).write_bytes(rng.randbytes(fsize))
+    write_http_manifest(base / "origin" / "m3")
+    for name in ("m4a", "m4b"):  # tiny: a warm-up that reads the settings
+        generate_model(base / "origin" / name, 200_000, shards=1, seed=len(name))
+        write_http_manifest(base / "origin" / name)
     token = secrets.token_urlsafe(32)
     token_file = base / "peer-token"
     token_file.write_text(token + "\n")
@@ -109,7 +121,10 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
         try:
             for a in agents.values():
                 a.start()
-            urls = {m: origin.url(f"{m}/preheat-manifest.json") for m in ("m1", "m2")}
+            urls = {
+                m: origin.url(f"{m}/preheat-manifest.json")
+                for m in ("m1", "m2", "m3", "m4a", "m4b")
+            }
             yield World(kube, origin, log, urls, token, agents)
         finally:
             for a in agents.values():
@@ -274,3 +289,129 @@ def test_peer_servers_want_the_token_and_never_show_it(world: World) -> None:
         assert world.token not in a.log.read_text()
     every = json.dumps(kube.rest().get("/apis/preheat.dev/v1alpha1/nodecaches"))
     assert world.token not in every
+
+
+def test_receivers_start_from_a_seed_that_is_still_filling(world: World) -> None:
+    """With concurrentFills 1 and the origin budget at 6 MB/s, the seed publishes its fill
+    progress (status.peer.filling: pieces landed) and the blobs it has published while
+    its fill runs; the other two agents start from it at once: they hold bytes of the
+    revision while the seed is not Ready yet, take every byte from peers, nginx sends
+    about one copy, and the seed's status writes stay within one per second."""
+    kube = world.kube
+    revision, manifest = NodeStore(world.access_log.parent / "probe3").resolve(world.urls["m3"])
+    size = sum(f.size for f in manifest.files)
+    _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1, "bandwidth": "6MB/s"}}})
+    writes = {n: a.metric("preheat_agent_status_writes_total") for n, a in world.agents.items()}
+    sent_before = origin_bytes_sent(world.access_log)
+    seen: dict[str, Any] = {"progress": None, "early": None}
+    seed: list[str] = []
+
+    def look() -> bool:
+        items = kube.rest().get("/apis/preheat.dev/v1alpha1/nodecaches")["items"]
+        states = {o["metadata"]["name"]: o.get("status") or {} for o in items}
+        if not seed:
+            holder = kube.rest().get(f"{LEASES}/preheat-origin-0")["spec"].get("holderIdentity")
+            if holder and holder.endswith(revision):
+                seed.append(holder.split("/")[0])
+            return False
+        rows = {
+            n: {r["revision"]: r for r in st.get("revisions") or ()} for n, st in states.items()
+        }
+        seed_row = rows.get(seed[0], {}).get(revision)
+        if seed_row is not None and seed_row["state"] != "Ready":
+            progress = (states[seed[0]].get("peer") or {}).get("filling")
+            if progress and seen["progress"] is None:
+                seen["progress"] = progress
+            for n in NODES:
+                row = rows.get(n, {}).get(revision)
+                if n != seed[0] and row and row.get("bytes", 0) >= 1 << 20 and not seen["early"]:
+                    seen["early"] = (n, row["bytes"], seed_row.get("bytes"))
+        return all(_warmups(kube, n, revision) for n in NODES)
+
+    try:
+        _create_cache(kube, "m3", world.urls["m3"], revision, list(NODES), namespace=NS)
+        until("m3 warmed on every node", look, timeout=120, interval=0.2)
+    finally:
+        _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+    sent = origin_bytes_sent(world.access_log) - sent_before
+    records = {n: _warmups(kube, n, revision) for n in NODES}
+    print(f"\nk8s filling seed {seed}: origin sent {sent} B for {size} B ({sent / size:.4f}x); "
+          f"first receiver bytes before the seed was Ready {seen['early']}; seed progress "
+          f"{seen['progress']}; warm-ups {json.dumps(records, sort_keys=True)}")  # fmt: skip
+    assert sent <= 1.10 * size, f"origin sent {sent} bytes for a {size}-byte model"
+    assert seen["early"] is not None, "no receiver held bytes before the seed was Ready"
+    assert seen["progress"] and all(
+        {"blob", "pieces", "landed", "verified"} <= set(e) for e in seen["progress"]
+    ), seen["progress"]
+    for n, rec in records.items():
+        assert rec is not None and sum(rec["bytesFrom"].values()) == size, (n, rec)
+        if n == seed[0]:
+            assert rec["mode"] == "origin" and rec["bytesFrom"]["origin"] == size, rec
+        else:
+            assert rec["mode"] == "peer" and rec["bytesFrom"]["peer"] == size, rec
+            assert "seeds " + seed[0] in world.agents[n].log.read_text()
+    seed_rec = records[seed[0]]
+    assert seed_rec is not None
+    wrote = world.agents[seed[0]].metric("preheat_agent_status_writes_total") - writes[seed[0]]
+    assert wrote <= seed_rec["seconds"] / 1.0 + 8, (wrote, seed_rec)
+
+
+def _condition(kube: KubeCluster, node: str, kind: str) -> dict[str, Any]:
+    conds = (_nodecache(kube, node).get("status") or {}).get("conditions") or ()
+    return next((c for c in conds if c["type"] == kind), {})
+
+
+def _events(kube: KubeCluster, node: str, reason: str) -> list[dict[str, Any]]:
+    out = kube.kubectl(
+        "get", "events", "-A", "-o", "json", "--field-selector",
+        f"involvedObject.kind=NodeCache,involvedObject.name={node},reason={reason}",
+    )  # fmt: skip
+    return list(json.loads(out.stdout)["items"])
+
+
+def test_invalid_peer_settings_show_on_the_nodecache_and_do_not_fail_warm_ups(
+    world: World,
+) -> None:
+    """A preheat-settings ConfigMap whose settings.yaml does not validate: peer-b's next
+    warm-up still ends Ready (the last valid settings are kept), its NodeCache says
+    Degraded=True InvalidPeerSettings with the error, one Warning Event names it
+    (kubectl describe shows it); once fixed, Degraded clears and a Normal Event says so."""
+    kube = world.kube
+    bad = {"data": {"settings.yaml": "origin:\n  budget: {concurrentFills: 0}\n"}}
+    kube.rest().must("PATCH", SETTINGS, bad, content_type="application/merge-patch+json")
+    try:
+        for name in ("m4a", "m4b"):
+            if name == "m4b":
+                _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+            rev, _ = NodeStore(world.access_log.parent / f"probe-{name}").resolve(world.urls[name])
+            _create_cache(kube, name, world.urls[name], rev, ["peer-b"], namespace=NS)
+            until(f"peer-b holds {name}", lambda rev=rev: _ready(kube, "peer-b", rev), timeout=60)
+            if name == "m4a":
+                cond = until(
+                    "Degraded InvalidPeerSettings",
+                    lambda: (
+                        (c := _condition(kube, "peer-b", "Degraded")).get("reason")
+                        == "InvalidPeerSettings"
+                        and c
+                    ),
+                    timeout=30,
+                )
+                assert cond["status"] == "True", cond
+                assert "concurrentFills 0 must be at least 1" in cond["message"], cond
+                (event,) = until(
+                    "the Warning Event", lambda: _events(kube, "peer-b", "InvalidPeerSettings")
+                )
+                assert event["type"] == "Warning" and "concurrentFills 0" in event["message"]
+                described = kube.kubectl("describe", "nodecache", "peer-b").stdout
+                assert "InvalidPeerSettings" in described, described
+    finally:
+        _set_settings(kube, {"origin": {"budget": {"concurrentFills": 1}}})
+    cond = until(
+        "Degraded cleared",
+        lambda: (c := _condition(kube, "peer-b", "Degraded")).get("status") == "False" and c,
+        timeout=30,
+    )
+    assert cond["reason"] == "AsExpected", cond
+    (fixed,) = until("the Normal Event", lambda: _events(kube, "peer-b", "PeerSettingsValid"))
+    assert fixed["type"] == "Normal"
+    assert world.agents["peer-b"].metric('preheat_agent_warmups_total{outcome="failed"}') == 0

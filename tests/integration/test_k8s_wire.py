@@ -169,11 +169,9 @@ def _endpoint(world: World) -> dict[str, Any]:
         },
         origin="test",
     )  # fmt: skip
-    conf = _kubeconfig(world.kube, world.base / "engine.kubeconfig", NS, "default")
-    pod = PodOverrides(
-        node_selector=(("pool", "cold"),),
-        env=({"name": "KUBECONFIG", "value": str(conf)},),
-    )
+    # no kubeconfig handed in: snapshot-init uses the pod's ServiceAccount credentials,
+    # which the kubelet stand-in gives it as the kubelet would (kubelet_volumes)
+    pod = PodOverrides(node_selector=(("pool", "cold"),))
     return endpoint_object(spec, namespace=NS, pod=pod)
 
 
@@ -273,3 +271,79 @@ def test_the_agent_writes_containerds_hosts_file_and_ctr_pulls_through_it(
         assert layout.images["linux/amd64"].manifest in ctd.ctr("images", "ls").stdout
     kube.rest().must("DELETE", f"{NS_API}/modelimagecaches/app-wire")
     until("hosts.toml removed", lambda: not hosts.exists(), timeout=30)
+
+
+_WHOAMI = """
+import json, pathlib, ssl, sys, urllib.request, urllib.error
+import yaml
+conf = yaml.safe_load(open(__import__("os").environ["KUBECONFIG"]))
+server = conf["clusters"][0]["cluster"]["server"]
+ctx = ssl.create_default_context(cadata=None)
+ctx.load_verify_locations(cafile=sys.argv[1] + "/ca.crt")
+def get(path, token):
+    req = urllib.request.Request(server + path, headers={"Authorization": "Bearer " + token})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()).get("message", "")
+sa = conf["users"][0]["user"]["token"]
+projected = pathlib.Path(sys.argv[2], "tok").read_text()
+print(json.dumps({
+    "nodecaches": get("/apis/preheat.dev/v1alpha1/nodecaches", sa)[0],
+    "pods": get("/api/v1/namespaces/k8s-wire/pods", sa),
+    "projected": get("/api/v1/namespaces/k8s-wire/pods", projected),
+    "optional": sorted(p.name for p in pathlib.Path(sys.argv[3]).iterdir()),
+}))
+"""
+
+
+def test_the_stand_in_gives_pods_their_service_account_and_optional_secrets(
+    world: World,
+) -> None:
+    """A pod on wire-b with the admission's ServiceAccount volume, a projected token and an
+    optional Secret that does not exist runs (phase Succeeded): it reaches the API as
+    system:serviceaccount:k8s-wire:default through the KUBECONFIG the stand-in wrote
+    (NodeCaches allowed by the engine binding, pods forbidden), the TokenRequest token
+    acts as the same ServiceAccount, and the optional volume is an empty directory."""
+    sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "whoami"},
+        "spec": {
+            "nodeName": "wire-b", "restartPolicy": "Never",
+            "containers": [{
+                "name": "c", "image": "none",
+                "command": [sys.executable, "-c", _WHOAMI, sa_dir, "/tokens", "/absent"],
+                "volumeMounts": [{"name": "tok", "mountPath": "/tokens"},
+                                 {"name": "absent", "mountPath": "/absent"}],
+            }],
+            "volumes": [
+                {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {
+                    "path": "tok", "expirationSeconds": 600}}]}},
+                {"name": "absent", "secret": {"secretName": "no-such", "optional": True}},
+            ],
+        },
+    }  # fmt: skip
+    rest = world.kube.rest()
+    rest.must("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+    try:
+        phase = until(
+            "the pod finished",
+            lambda: (
+                (rest.get(f"/api/v1/namespaces/{NS}/pods/whoami").get("status") or {}).get("phase")
+                in ("Succeeded", "Failed")
+                and rest.get(f"/api/v1/namespaces/{NS}/pods/whoami")["status"]["phase"]
+            ),
+            timeout=60,
+        )
+        (log,) = (world.kube.root / "nodes" / "wire-b" / "pods").glob(f"{NS}_whoami_*/c.log")
+        text = log.read_text()
+        assert phase == "Succeeded", text
+        out = json.loads(text.strip().splitlines()[-1])
+        user = f"system:serviceaccount:{NS}:default"
+        assert out["nodecaches"] == 200, out
+        assert out["pods"][0] == 403 and user in out["pods"][1], out
+        assert out["projected"][0] == 403 and user in out["projected"][1], out
+        assert out["optional"] == [], out
+    finally:
+        rest.call("DELETE", f"/api/v1/namespaces/{NS}/pods/whoami?gracePeriodSeconds=0")

@@ -116,6 +116,11 @@ class PieceBook:
     def get(self, digest: str) -> PartialBlob | None:
         return self._blobs.get(digest)
 
+    def progress(self) -> dict[str, tuple[int, frozenset[int]]]:
+        """digest -> (piece count, verified pieces) of every fill in progress: a copy,
+        safe to read from another thread (a status writer) while fills run."""
+        return {d: (len(e.digests), frozenset(e.verified)) for d, e in list(self._blobs.items())}
+
     def finish(self, digest: str) -> None:
         """The fill ended (published, failed or cancelled): nothing of it is served from
         ``tmp/`` any more (a published blob is served from ``blobs/``)."""

@@ -16,12 +16,18 @@ real API server, controller-manager and scheduler:
   ``spec.serviceAccountName``, ``status.podIP``, ``status.hostIP``);
 * gives each pod its own loopback address ``127.<node>.<hi>.<lo>`` (``status.podIP``),
   on which the process is expected to listen (pass ``$(POD_IP)`` from a ``fieldRef``);
-* maps volumes to directories: a ``hostPath`` ``/x/y`` to ``<node dir>/x/y`` (so two nodes
-  have separate "disks"), an ``emptyDir`` to a per-pod directory, ``secret`` and
-  ``configMap`` volumes to files written from the API; each container's ``mountPath`` is
-  replaced by that directory wherever it appears in its command, args, env values and
-  ``workingDir`` (processes share one filesystem, so nothing is mounted; ``readOnly`` is
-  not enforced);
+* maps volumes to directories (``preheat.testing.kubelet_volumes``): ``hostPath``
+  ``/x/y`` to ``<node dir>/x/y`` (so two nodes have separate "disks"), ``emptyDir`` to a
+  per-pod directory, ``secret``/``configMap`` (``items``, ``optional``) and ``projected``
+  (TokenRequest ``serviceAccountToken``, ``secret``, ``configMap``, ``downwardAPI``)
+  volumes to files written from the API; each container's ``mountPath`` is replaced by
+  that directory wherever it appears in its command, args, env values and ``workingDir``
+  (processes share one filesystem, so nothing is mounted; ``readOnly`` is not enforced);
+* gives a container that mounts its ServiceAccount's credentials at
+  ``/var/run/secrets/kubernetes.io/serviceaccount`` (v1.20's admission adds the token
+  Secret's volume to every pod) a ``KUBECONFIG`` written from them, since a fixed path
+  cannot differ per pod on one filesystem; ``KUBERNETES_SERVICE_HOST``/``PORT`` name the
+  API server;
 * runs readiness probes (``httpGet`` and ``tcpSocket`` against the pod IP, with
   ``initialDelaySeconds``, ``periodSeconds``, ``failureThreshold``); liveness and startup
   probes are not run;
@@ -59,6 +65,7 @@ from urllib.parse import quote
 import yaml
 
 from preheat.testing.kube import Rest
+from preheat.testing.kubelet_volumes import PodConfigError, pod_volumes, service_account_env
 
 __all__ = ["KubeletStandIn", "expand", "main"]
 
@@ -89,10 +96,6 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env.get(name, m.group(0))
 
     return _VAR.sub(sub, text)
-
-
-class PodConfigError(ValueError):
-    """A pod uses something the stand-in cannot run; the message names it."""
 
 
 @dataclass
@@ -331,44 +334,7 @@ class KubeletStandIn:
                 return ip
 
     def _volumes(self, obj: dict[str, Any], pod: _Pod) -> dict[str, Path]:
-        out: dict[str, Path] = {}
-        for vol in obj["spec"].get("volumes") or ():
-            name = vol["name"]
-            if "hostPath" in vol:
-                hp = vol["hostPath"]
-                path = self.root / hp["path"].lstrip("/")
-                kind = hp.get("type") or ""
-                if kind in ("Directory", "File") and not path.exists():
-                    raise PodConfigError(
-                        f"hostPath {hp['path']} (type {kind}) does not exist on node "
-                        f"{self.node} (looked at {path})"
-                    )
-                if kind in ("", "DirectoryOrCreate", "Directory"):
-                    path.mkdir(parents=True, exist_ok=True)
-                out[name] = path
-            elif "emptyDir" in vol:
-                out[name] = pod.dir / "volumes" / name
-                out[name].mkdir(parents=True, exist_ok=True)
-            elif "secret" in vol or "configMap" in vol:
-                kind, key = (
-                    ("secrets", "secret") if "secret" in vol else ("configmaps", "configMap")
-                )
-                ref = vol[key].get("secretName") or vol[key].get("name")
-                status, data = self.rest.call(
-                    "GET", f"/api/v1/namespaces/{pod.namespace}/{kind}/{ref}"
-                )
-                if status != 200:
-                    raise PodConfigError(f"volume {name}: {key} {ref!r} answered {status}")
-                target = pod.dir / "volumes" / name
-                target.mkdir(parents=True, exist_ok=True)
-                for k, v in (data.get("data") or {}).items():
-                    raw = base64.b64decode(v) if key == "secret" else str(v).encode()
-                    (target / k).write_bytes(raw)
-                out[name] = target
-            else:
-                kinds = sorted(set(vol) - {"name"})
-                raise PodConfigError(f"volume {name}: {kinds} is not supported by the stand-in")
-        return out
+        return pod_volumes(self.rest, self.root, self.node, obj, pod.dir)
 
     def _env(self, c: _Container, pod: _Pod, obj: dict[str, Any]) -> dict[str, str]:
         meta = obj["metadata"]
@@ -384,6 +350,7 @@ class KubeletStandIn:
         for k, v in (meta.get("labels") or {}).items():
             fields[f"metadata.labels['{k}']"] = v
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": pod.name}
+        env.update(service_account_env(self.rest, c.spec, pod.mounts, pod.dir))
         for item in c.spec.get("env") or ():
             if "value" in item:
                 env[item["name"]] = self._map(c, pod, expand(str(item["value"]), env))

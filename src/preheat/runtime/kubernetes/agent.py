@@ -112,6 +112,7 @@ class NodeAgent:
                 cfg.node, cfg.peers, self.store, api_client, self.metrics.telemetry.registry
             )
             self.nodecache.extra.append(self.peers.status_fields)
+            self.nodecache.degraded = self.peers.settings_reader.degraded
             peers = self.peers
             self.warmups.puller = lambda s, r, p: peers.pull(s, r, p, self._write_status)
 
@@ -263,8 +264,10 @@ class NodeAgent:
             ("labels", self.nodecache.label_node),
             ("images", lambda: self.images.sync_refs(self.nodecache.node_labels)),
             ("containerd", self._containerd_hosts),
-            ("status", self._write_status),
         ]
+        if self.peers is not None:  # invalid settings show on the NodeCache (agent_settings)
+            steps.append(("settings", self.peers.settings_reader.recheck))
+        steps.append(("status", self._write_status))
         for name, step in steps:
             if name == "leases":
                 self._ensure_warmups()

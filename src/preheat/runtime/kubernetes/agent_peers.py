@@ -10,9 +10,16 @@
   byte verified (piece digests, then the blob's sha256 against the manifest).
 - **Admission** within the cluster-wide origin budget (``origin.budget`` in the
   ``preheat-settings`` ConfigMap): ``control.fanout.plan_fanout`` decides ``peer`` (every
-  missing blob has a complete holder), ``origin`` (an origin slot Lease was won,
+  missing blob has a complete holder, or a *seed* fetches it: an agent holding an origin
+  slot Lease for the revision), ``origin`` (an origin slot Lease was won,
   ``agent_peers_slots``) or wait. An origin fill writes its NodeCache status (the blobs
-  it now serves) before it frees its slot, so the waiting agents become ``peer``.
+  it now serves) before it frees its slot.
+- **Seeds** (as in local mode, ``runtime.peering``): every fill publishes its progress
+  in ``status.peer.filling`` (pieces landed per blob, bounded, at most every
+  ``progress_s``) and lists the blobs it has published; a ``peer`` fill re-reads the
+  NodeCaches and slots every ``poll_s`` and waits in ``PeerFill`` for the seed's
+  pieces, going to the origin for a piece only when the seeds land nothing for
+  ``seed_stall`` seconds or none is left (its slot Lease expired: it stopped filling).
 - **Telemetry**: a ``WarmupRecord`` per warm-up (``bytes_from`` origin/peer/cache) in
   ``status.warmups`` and ``/metrics`` (``preheat_warmup_bytes{node,revision,source}``,
   and the peer part of ``preheat_agent_bytes_fetched_total{source}``, ``agent_metrics``).
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,27 +37,26 @@ from typing import Any
 
 from preheat.control.fanout import (
     Budget,
-    Candidate,
     Mode,
+    Slot,
     WarmRequest,
     origin_slot_names,
     pick_slot,
     plan_fanout,
-    rank_peers,
     slot_holders,
 )
 from preheat.runtime.kubernetes.agent_config import describe_error
 from preheat.runtime.kubernetes.agent_metrics import fetched_bytes
-from preheat.runtime.kubernetes.agent_peers_config import (
-    SETTINGS_KEY,
-    PeerConfig,
-    PeerSettings,
-    parse_settings,
-    read_token,
-)
+from preheat.runtime.kubernetes.agent_peers_config import PeerConfig, PeerSettings, read_token
 from preheat.runtime.kubernetes.agent_peers_slots import OriginSlots
+from preheat.runtime.kubernetes.agent_settings import PeerSettingsReader
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
-from preheat.runtime.kubernetes.nodecache_peers import PeerInfo, peer_status, peers_from_nodecaches
+from preheat.runtime.kubernetes.nodecache_peers import (
+    FillProgress,
+    NodeCacheView,
+    peer_status,
+    peers_from_nodecaches,
+)
 from preheat.runtime.peering import resolve_blobs
 from preheat.sources.peer import PeerClient, PeerFill
 from preheat.sources.pieces import PIECE_SIZE, PieceBook
@@ -65,39 +72,19 @@ __all__ = ["AgentPeers", "NodeCachePeers"]
 log = logging.getLogger("preheat.agent")
 
 
-class NodeCachePeers:
-    """A ``PeerDirectory`` over the other agents' ``NodeCache`` objects (``refresh`` lists
-    them; blocking): complete holders of a blob first, then agents that are filling (they
-    serve verified pieces, else answer 416/404 and are skipped)."""
+class NodeCachePeers(NodeCacheView):
+    """The ``NodeCacheView`` of this agent's warm-ups, read from the API (``refresh`` lists
+    the NodeCaches; blocking: run it in a thread)."""
 
     def __init__(self, custom: Any, me: str) -> None:
+        super().__init__()
         self.custom = custom
         self.me = me
-        self.peers: dict[str, PeerInfo] = {}
-        #: peer -> why it is avoided (it served bytes that failed verification).
-        self.avoided: dict[str, str] = {}
+        self.on_avoid = lambda peer, why: log.warning("avoiding peer %s: %s", peer, why)
 
     def refresh(self) -> None:
         listed = self.custom.list_cluster_custom_object(GROUP, VERSION, "nodecaches")
         self.peers = peers_from_nodecaches(listed.get("items") or (), self.me)
-
-    def complete(self, digests: frozenset[str]) -> dict[str, frozenset[str]]:
-        """node -> which of ``digests`` it holds complete (for ``plan_fanout``)."""
-        return {n: p.blobs & digests for n, p in self.peers.items() if n not in self.avoided}
-
-    def candidates(self, digest: str, index: int, receiver: str) -> list[tuple[str, str]]:
-        others = [p for n, p in self.peers.items() if n != receiver]
-        full = [Candidate(p.name) for p in others if digest in p.blobs]
-        part = [Candidate(p.name, complete=False) for p in others if p.filling]
-        key, avoid = f"{digest}:{index}", frozenset(self.avoided)
-        ranked = rank_peers(full, key, avoid)
-        ranked += tuple(n for n in rank_peers(part, key, avoid) if n not in ranked)
-        return [(n, self.peers[n].url) for n in ranked]
-
-    def avoid(self, peer: str, why: str) -> None:
-        if peer not in self.avoided:
-            self.avoided[peer] = why
-            log.warning("avoiding peer %s: %s", peer, why)
 
 
 class AgentPeers:
@@ -118,7 +105,12 @@ class AgentPeers:
         self.client = PeerClient(token)
         del token
         self.directory = NodeCachePeers(client.CustomObjectsApi(api_client), node)
+        self.settings_reader = PeerSettingsReader(
+            self.core, client.CustomObjectsApi(api_client), pcfg, node
+        )
         self.slots = OriginSlots(api_client, pcfg.namespace, pcfg.lease_seconds)
+        #: revision -> its blobs, while this agent pulls it (published ones are listed).
+        self._pulling: dict[str, frozenset[str]] = {}
         #: (node, revision) -> the last finished warm-up, and its origin bytes.
         self.records: dict[tuple[str, str], WarmupRecord] = {}
         self.origin_bytes: dict[tuple[str, str], int] = {}
@@ -142,24 +134,25 @@ class AgentPeers:
     # --- status ---------------------------------------------------------------------
 
     def status_fields(self) -> dict[str, Any]:
-        """``status.peer`` and ``status.warmups`` of this node's NodeCache."""
-        blobs: set[str] = set()
+        """``status.peer`` and ``status.warmups`` of this node's NodeCache: the blobs of
+        held revisions and those a fill in progress has published already, and the
+        progress of the blobs still filling (``nodecache_peers``)."""
+        layout = self.store.layout
+        blobs = {d for ds in list(self._pulling.values()) for d in ds if layout.blob(d).exists()}
         for info in self.store.snapshots():
             with contextlib.suppress(Exception):
                 blobs |= {f.sha256 for f in self.store.manifest(info.digest).files if f.sha256}
-        return peer_status(self.url, blobs, self.records.values())
+        filling = {
+            d: FillProgress(n, len(verified), verified)
+            for d, (n, verified) in self.book.progress().items()
+            if d not in blobs
+        }
+        return peer_status(self.url, blobs, self.records.values(), filling)
 
     def settings(self) -> PeerSettings:
-        """The ConfigMap's settings now (absent: the defaults; unreadable: said, defaults)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            cm = self.core.read_namespaced_config_map(self.cfg.settings, self.cfg.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("cannot read the peer settings: %s", describe_error(exc))
-            return PeerSettings()
-        return parse_settings((cm.data or {}).get(SETTINGS_KEY))
+        """The ConfigMap's settings now (``agent_settings``: absent, the defaults; invalid,
+        the last valid ones, said on the NodeCache and in an Event)."""
+        return self.settings_reader.read()
 
     # --- warm-up --------------------------------------------------------------------
 
@@ -189,48 +182,93 @@ class AgentPeers:
         rev, blobs = await resolve_blobs(source)
         rev = revision or rev
         me = f"{self.node}/{rev}"
-        mode, slot = await self._admit(rev, blobs, budget, me, on_wait)
-        renewer = asyncio.create_task(self._renew(slot, me)) if slot else None
-        fill = PeerFill(self.client, self.directory, self.node, self.book)
+        names = origin_slot_names(budget, rev)
+        mode, slot = await self._admit(rev, blobs, names, budget, me, on_wait)
+        self._pulling[rev] = blobs  # its published blobs are listed while it fills
+        # while it fills: the slot renewed, this node's progress published, and the view
+        # of the others (holders, seeds' progress) kept fresh for the fill's pieces
+        tasks = [asyncio.create_task(self._every(self.cfg.progress_s, publish))]
+        if slot is not None:
+            tasks.append(asyncio.create_task(self._renew(slot, me)))
+        else:
+            look = functools.partial(self._look_sync, rev, blobs, names)
+            tasks.append(asyncio.create_task(self._every(self.cfg.poll_s, look)))
+        fill = PeerFill(
+            self.client, self.directory, self.node, self.book,
+            wait_for_seeds=mode is Mode.PEER, seed_stall=self.cfg.seed_stall,
+        )  # fmt: skip
         try:
             res = await self.store.apull(
                 source, revision=rev, progress=progress, peers=fill,
                 origin_limiter=limiter, chunk=PIECE_SIZE, rate_limit=settings.node_bandwidth,
             )  # fmt: skip
             self._record(res, mode, fill.peer_bytes, started)
+            if fill.seed_stalls:
+                log.warning("warm-up of %s: %d piece(s) from the origin after a stalled seed",
+                            rev[:12], fill.seed_stalls)  # fmt: skip
             if slot is not None:  # others see the blobs before the slot frees
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(publish)
             return res
         finally:
-            if renewer is not None:
-                renewer.cancel()
+            self._pulling.pop(rev, None)
+            for task in tasks:
+                task.cancel()
             if slot is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.slots.release, slot, me)
+
+    @staticmethod
+    async def _every(seconds: float, step: Callable[[], Any]) -> None:
+        """``step()`` (blocking, in a thread) every ``seconds`` until cancelled."""
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await asyncio.to_thread(step)
+            except Exception as exc:  # the API server blinked: try again next period
+                log.warning("peer status step failed: %s", describe_error(exc))
+
+    def _look_sync(
+        self, rev: str, blobs: frozenset[str], names: tuple[str, ...]
+    ) -> tuple[list[Slot], float]:
+        """Read the other NodeCaches and the origin slots of ``rev``: the directory's
+        holders and seeds (the live slot holders of ``rev``, with the blobs they fetch)."""
+        self.directory.refresh()
+        slots = self.slots.read(names)
+        now = time.monotonic()
+        peers = self.directory.peers
+        self.directory.seeds = {
+            n: blobs - (peers[n].blobs if n in peers else frozenset())
+            for n, r in slot_holders(slots, now)
+            if r == rev and n != self.node
+        }
+        return slots, now
 
     async def _admit(
         self,
         rev: str,
         blobs: frozenset[str],
+        names: tuple[str, ...],
         budget: Budget,
         me: str,
         on_wait: Callable[[str], None],
     ) -> tuple[Mode, str | None]:
-        """Wait for ``peer`` or a won origin slot; returns (mode, slot name or None)."""
+        """Wait for ``peer`` (every missing blob held, or fetched by a seed: an agent
+        holding an origin slot for ``rev``) or a won origin slot; returns (mode, slot)."""
         layout = self.store.layout
         key = (self.node, rev)
-        names = origin_slot_names(budget, rev)
         said = False
         while True:
             missing = frozenset(d for d in blobs if not layout.blob(d).exists())
-            await asyncio.to_thread(self.directory.refresh)
-            slots = await asyncio.to_thread(self.slots.read, names)
-            now = time.monotonic()
+            slots, now = await asyncio.to_thread(self._look_sync, rev, blobs, names)
             running = slot_holders(slots, now)
             request = WarmRequest(self.node, rev, missing)
-            plan = plan_fanout([request], self.directory.complete(missing), running, budget)
+            complete = self.directory.complete(missing)
+            seeds = self.directory.filling(self.node)
+            plan = plan_fanout([request], complete, running, budget, seeds)
             if plan[key] is Mode.PEER:
+                if seeds:
+                    log.info("filling %s from peers, seeds %s", rev[:12], ", ".join(sorted(seeds)))
                 return Mode.PEER, None
             if plan[key] is Mode.ORIGIN:
                 slot = pick_slot(slots, me, now)

@@ -42,12 +42,24 @@ class PeerConfig:
     settings: str = SETTINGS_CONFIGMAP
     #: Seconds an origin slot's Lease lasts without a renewal before others take it over.
     lease_seconds: float = 15.0
-    #: Seconds between looks while a warm-up waits for a peer or an origin slot.
+    #: Seconds between looks while a warm-up waits for a peer or an origin slot, and
+    #: between reads of the others' NodeCaches while it fills from peers.
     poll_s: float = 1.0
+    #: Seconds between NodeCache status writes while a fill runs (``status.peer.filling``,
+    #: the pieces landed; written only when it changed): at most one write per period.
+    progress_s: float = 1.0
+    #: Seconds a fill from peers waits for a seed that lands no piece (then: the origin
+    #: for that piece), as in local mode (``runtime.peering.FleetPeers.seed_stall``).
+    seed_stall: float = 20.0
 
     def __post_init__(self) -> None:
         if self.lease_seconds < 1:
             raise ConfigError(f"--lease-seconds {self.lease_seconds} must be >= 1")
+        if self.progress_s <= 0 or self.poll_s <= 0 or self.seed_stall <= 0:
+            raise ConfigError(
+                f"peer timings must be > 0 seconds (poll {self.poll_s}, progress "
+                f"{self.progress_s}, seed stall {self.seed_stall})"
+            )
 
 
 @dataclass(frozen=True)

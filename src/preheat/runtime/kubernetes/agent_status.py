@@ -59,6 +59,8 @@ class NodeCacheWriter:
         self.written: dict[str, Any] | None = None
         #: More status fields (e.g. ``agent_peers``: ``peer``, ``warmups``), merged last.
         self.extra: list[Callable[[], dict[str, Any]]] = []
+        #: (reason, message) when the node is Degraded for another cause (peer settings)
+        self.degraded: Callable[[], tuple[str, str] | None] = lambda: None
         #: called with each computed status before it is compared and written (images, readyAt)
         self.extensions: list[Callable[[dict[str, Any]], None]] = []
 
@@ -109,6 +111,7 @@ class NodeCacheWriter:
             eviction_order=[c.digest for c in self.store.eviction_candidates()[:3]],
             last_failure=failure_condition(self.warmups.last_failure),
             previous=obj.get("status") or {},
+            degraded=self.degraded(),
         )
         for fields in self.extra:
             out.update(fields())

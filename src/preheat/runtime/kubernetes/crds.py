@@ -338,6 +338,18 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
                     {
                         "url": string("The agent's peer blob server (token from a Secret)."),
                         "blobs": array(string(), "sha256 of the blobs of held revisions."),
+                        "filling": array(
+                            obj(
+                                {
+                                    "blob": string("sha256 of a blob this node is filling."),
+                                    "pieces": integer(minimum=1),
+                                    "landed": integer("Pieces landed and verified.", minimum=0),
+                                    "verified": string("Those pieces' indices, e.g. 0-11,13."),
+                                },
+                                required=("blob",),
+                            ),
+                            "Fill progress peers follow (bounded; written at most every second).",
+                        ),
                     }
                 ),
                 "warmups": array(

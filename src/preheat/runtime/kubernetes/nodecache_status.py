@@ -114,6 +114,19 @@ def _condition(
     return out
 
 
+def _degraded(
+    failed: Sequence[WantedRevision],
+    last_failure: Mapping[str, Any] | None,
+    other: tuple[str, str] | None,
+) -> tuple[str, str]:
+    """The Degraded condition's (reason, message)."""
+    failure = (last_failure or {}).get("message", "") if failed else ""
+    if other is not None:
+        reason, message = other
+        return reason, f"{message}; warm-up failed: {failure}" if failure else message
+    return ("WarmupFailed", failure) if failed else ("AsExpected", "")
+
+
 def nodecache_status(
     *,
     generation: int,
@@ -126,11 +139,14 @@ def nodecache_status(
     eviction_order: Sequence[str],
     last_failure: Mapping[str, Any] | None,
     previous: Mapping[str, Any] | None = None,
+    degraded: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The full ``NodeCache.status`` (``None`` values clear a field in a merge patch).
 
     ``wanted`` are the revisions this node's ModelDataCaches ask for; ``previous`` is the
-    status now stored, whose condition transition times are kept while a status holds."""
+    status now stored, whose condition transition times are kept while a status holds;
+    ``degraded`` is another (reason, message) the node is Degraded for (invalid peer
+    settings), which the condition names before a failed warm-up."""
     prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
     held_revs = {h.revision for h in held} | {h.manifest_digest for h in held}
     missing = sorted(set(wanted) - held_revs)
@@ -188,9 +204,8 @@ def nodecache_status(
             **now_or,
             **_condition(
                 "Degraded",
-                bool(failed),
-                "WarmupFailed" if failed else "AsExpected",
-                (last_failure or {}).get("message", "") if failed else "",
+                bool(failed) or degraded is not None,
+                *_degraded(failed, last_failure, degraded),
                 generation,
                 prev_conds,
             ),
