@@ -58,3 +58,15 @@ def test_cache_names_of_hf_revisions_are_dns_names() -> None:
     assert len(names) == 2
     assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", n) for n in names), names
     assert cache_name("chat", "sha256:" + "ab" * 32) == "chat-" + "ab" * 6
+
+
+def test_origin_slot_lease_names_of_hf_revisions_are_dns_names() -> None:
+    """Without a budget, the per-revision origin slot of an hf:<commit> revision is a valid
+    Lease name; a sha256 revision keeps its 12 hex as before."""
+    import re
+
+    from preheat.control.fanout import Budget, origin_slot_names
+
+    (name,) = origin_slot_names(Budget(), "hf:4407002f5e9aeeb2414673774a87ef9634f4cb86")
+    assert re.fullmatch(r"preheat-origin-[0-9a-f]{12}", name), name
+    assert origin_slot_names(Budget(), "sha256:" + "cd" * 32) == ("preheat-origin-" + "cd" * 6,)
