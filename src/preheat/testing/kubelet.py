@@ -13,7 +13,8 @@ real API server, controller-manager and scheduler:
   commands are, with the venv's ``bin`` first on ``PATH``), its ``env`` (values,
   ``$(VAR)`` expansion as Kubernetes does it, and ``fieldRef`` for ``metadata.name``,
   ``metadata.namespace``, ``metadata.uid``, ``metadata.labels['k']``, ``spec.nodeName``,
-  ``spec.serviceAccountName``, ``status.podIP``, ``status.hostIP``);
+  ``spec.serviceAccountName``, ``status.podIP``, ``status.hostIP``, and ``secretKeyRef`` /
+  ``configMapKeyRef`` read from the API, ``optional`` honoured);
 * gives each pod its own loopback address ``127.<node>.<hi>.<lo>`` (``status.podIP``),
   on which the process is expected to listen (pass ``$(POD_IP)`` from a ``fieldRef``);
 * maps volumes to directories (``preheat.testing.kubelet_volumes``): ``hostPath``
@@ -65,7 +66,12 @@ from urllib.parse import quote
 import yaml
 
 from preheat.testing.kube import Rest
-from preheat.testing.kubelet_volumes import PodConfigError, pod_volumes, service_account_env
+from preheat.testing.kubelet_volumes import (
+    PodConfigError,
+    env_value,
+    pod_volumes,
+    service_account_env,
+)
 
 __all__ = ["KubeletStandIn", "expand", "main"]
 
@@ -359,8 +365,15 @@ class KubeletStandIn:
                 if path not in fields:
                     raise PodConfigError(f"env {item['name']}: fieldRef {path} is not supported")
                 env[item["name"]] = fields[path]
+            elif {"secretKeyRef", "configMapKeyRef"} & set(item.get("valueFrom") or ()):
+                value = env_value(self.rest, pod.namespace, item["name"], item["valueFrom"])
+                if value is not None:
+                    env[item["name"]] = value
             else:
-                raise PodConfigError(f"env {item['name']}: only value and fieldRef are supported")
+                raise PodConfigError(
+                    f"env {item['name']}: only value, fieldRef, secretKeyRef and "
+                    "configMapKeyRef are supported"
+                )
         return env
 
     def _map(self, c: _Container, pod: _Pod, text: str) -> str:

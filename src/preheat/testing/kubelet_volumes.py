@@ -14,6 +14,10 @@ in its command, args, env values and ``workingDir``):
   API, ``audience`` and ``expirationSeconds`` honoured, bound to the pod), ``secret``,
   ``configMap`` and ``downwardAPI`` (``metadata.name``/``namespace``/``uid``) sources.
 
+An env var's ``valueFrom.secretKeyRef`` / ``configMapKeyRef`` is read from the API the
+same way (``env_value``): a missing object or key leaves the variable unset when the ref
+says ``optional: true``, and otherwise keeps the container from starting.
+
 **ServiceAccount credentials.** v1.20's ServiceAccount admission gives every pod a
 ``secret`` volume with its ServiceAccount's token Secret (``token``, ``ca.crt``,
 ``namespace``) mounted at ``/var/run/secrets/kubernetes.io/serviceaccount``; a pod that
@@ -70,6 +74,19 @@ def _object_files(
             raise PodConfigError(f"volume {volume}: {kind} {ref!r} has no key {item['key']!r}")
         out[item["path"]] = values[item["key"]]
     return out
+
+
+def env_value(rest: Rest, namespace: str, name: str, value_from: dict[str, Any]) -> str | None:
+    """The value of env var ``name`` from a ``secretKeyRef``/``configMapKeyRef`` (None:
+    absent and optional)."""
+    kind = "secret" if "secretKeyRef" in value_from else "configMap"
+    ref = value_from["secretKeyRef" if kind == "secret" else "configMapKeyRef"]
+    src = {"name": ref.get("name"), "optional": bool(ref.get("optional")),
+           "items": [{"key": ref["key"], "path": ref["key"]}]}  # fmt: skip
+    files = _object_files(rest, namespace, kind, src, f"(env {name})")
+    if files is None or ref["key"] not in files:
+        return None
+    return files[ref["key"]].decode()
 
 
 def _token(rest: Rest, obj: dict[str, Any], src: dict[str, Any], volume: str) -> bytes:

@@ -38,6 +38,7 @@ from preheat.runtime.kubernetes.workload import (
     template_fingerprint,
 )
 from preheat.runtime.nodestore import open_source
+from preheat.sources.completion import complete_manifest
 
 __all__ = ["FAILED_RESTARTS", "Observer"]
 
@@ -160,12 +161,14 @@ class Observer(ExecutorBase):
             src = open_source(v.model.source)
             try:
                 res = await src.resolve()
+                # the digest names the snapshot before any node holds it (hf:// git files)
+                manifest = await complete_manifest(src, res)
             except PreheatError as exc:
                 self.p.problem = ("SourceUnreachable", f"variant {v.name}: {exc}")
                 return False
             finally:
                 await src.aclose()
-            if v.model.revision and v.model.revision not in (res.revision, res.manifest.digest):
+            if v.model.revision and v.model.revision not in (res.revision, manifest.digest):
                 self.p.problem = (
                     "RevisionMismatch",
                     f"variant {v.name}: spec.model.revision {v.model.revision!r} does not match "
@@ -173,7 +176,7 @@ class Observer(ExecutorBase):
                 )
                 return False
             out[v.name] = es.Resolved(
-                v.model.source, res.revision, res.manifest.digest, res.manifest.total_size
+                v.model.source, res.revision, manifest.digest, manifest.total_size
             )
         self.resolved, self.resolved_generation = out, generation
         return True

@@ -52,6 +52,7 @@ __all__ = [
     "ENGINE_RULES",
     "OPERATOR_RULES",
     "OPERATOR_SETTINGS_RULES",
+    "ORIGIN_CREDENTIALS_SECRET",
     "PEER_TOKEN_SECRET",
     "ROUTER_RULES",
     "STORE_HOST_PATH",
@@ -79,6 +80,16 @@ MIRROR_PORT = 5001
 #: of the images it caches there (``agent_containerd.py``).
 CONTAINERD_HOSTS_DIR = DEFAULT_CONFIG_PATH
 ROUTER_PORT = 8080
+#: The origin credentials of the operator and the agents (``HF_TOKEN``, ``HF_ENDPOINT``,
+#: ``AWS_ACCESS_KEY_ID``...): every key of this optional Secret in the system namespace
+#: becomes an env var of both (``envFrom``); the operator resolves a source's revision,
+#: the agents fetch it (docs/kubernetes.md, "Origin credentials").
+ORIGIN_CREDENTIALS_SECRET = "preheat-origin-credentials"
+
+
+def _origin_env_from() -> list[dict[str, Any]]:
+    """``envFrom`` with every key of the optional origin credentials Secret."""
+    return [{"secretRef": {"name": ORIGIN_CREDENTIALS_SECRET, "optional": True}}]
 
 
 def _labels(component: str, instance: str | None = None) -> dict[str, str]:
@@ -160,6 +171,7 @@ def system_manifests(
                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
                         }
                     ],
+                    envFrom=_origin_env_from(),
                 )
             ],
         },

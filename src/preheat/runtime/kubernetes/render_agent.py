@@ -16,6 +16,7 @@ from preheat.runtime.kubernetes.render import (
     STORE_HOST_PATH,
     _container,
     _labels,
+    _origin_env_from,
 )
 
 __all__ = ["agent_daemonset"]
@@ -86,6 +87,7 @@ def agent_daemonset(namespace: str, image: str) -> dict[str, Any]:
                                     "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
                                 },
                             ],
+                            envFrom=_origin_env_from(),
                             volumeMounts=[
                                 {"name": "store", "mountPath": STORE_HOST_PATH},
                                 {

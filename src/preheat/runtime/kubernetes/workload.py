@@ -97,7 +97,12 @@ def template_fingerprint(v: VariantSpec) -> str:
 
 
 def _hex(digest: str) -> str:
-    return digest.removeprefix("sha256:").lower()
+    """The hex of a ``sha256:`` revision; any other revision (``hf:<commit>``, with a
+    filter suffix...) by the sha256 of its text, so names and labels stay DNS-safe."""
+    hexpart = digest.removeprefix("sha256:").lower()
+    if hexpart and set(hexpart) <= set("0123456789abcdef"):
+        return hexpart
+    return hashlib.sha256(digest.encode()).hexdigest()
 
 
 def cache_name(endpoint: str, revision: str) -> str:
@@ -272,7 +277,7 @@ def deployment_body(
                         "weight": 100,
                         "preference": {
                             "matchExpressions": [
-                                {"key": revision_label(revision), "operator": "Exists"}
+                                {"key": revision_label(digest), "operator": "Exists"}
                             ]
                         },
                     }
