@@ -191,3 +191,13 @@ def revision_from_parts(kind: str, parts: Iterable[tuple[str, ...]]) -> str:
     for p in sorted(parts):
         h.update(("\0".join(p) + "\n").encode())
     return f"{kind}:{h.hexdigest()[:40]}"
+
+
+def revision_hex(revision: str) -> str:
+    """Hex that stands for ``revision`` in Kubernetes names and labels: a ``sha256:``
+    revision's own hex; any other revision (``hf:<commit>``, a filter suffix...) the
+    sha256 of its text, so names built from it stay DNS-safe."""
+    hexpart = revision.removeprefix("sha256:").lower()
+    if hexpart and set(hexpart) <= set("0123456789abcdef"):
+        return hexpart
+    return hashlib.sha256(revision.encode()).hexdigest()

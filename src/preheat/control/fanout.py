@@ -43,6 +43,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from preheat.artifacts.manifest import revision_hex
+
 __all__ = [
     "Budget",
     "Candidate",
@@ -196,10 +198,7 @@ def origin_slot_names(
     """The slot names a warm-up of ``revision`` may claim: ``concurrent_fills`` cluster-wide
     slots (``<prefix>-0`` ...), or one slot of its own revision without a budget."""
     if budget.concurrent_fills is None:
-        hexpart = revision.removeprefix("sha256:").lower()
-        if not hexpart or not set(hexpart) <= set("0123456789abcdef"):  # hf:<commit>...
-            hexpart = hashlib.sha256(revision.encode()).hexdigest()
-        return (f"{prefix}-{hexpart[:12]}",)
+        return (f"{prefix}-{revision_hex(revision)[:12]}",)
     return tuple(f"{prefix}-{i}" for i in range(budget.concurrent_fills))
 
 

@@ -41,6 +41,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from preheat.artifacts.manifest import revision_hex
 from preheat.control.spec_types import EndpointSpec, VariantSpec
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.nodecache_status import SNAPSHOT_ANNOTATION, revision_label
@@ -96,23 +97,14 @@ def template_fingerprint(v: VariantSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def _hex(digest: str) -> str:
-    """The hex of a ``sha256:`` revision; any other revision (``hf:<commit>``, with a
-    filter suffix...) by the sha256 of its text, so names and labels stay DNS-safe."""
-    hexpart = digest.removeprefix("sha256:").lower()
-    if hexpart and set(hexpart) <= set("0123456789abcdef"):
-        return hexpart
-    return hashlib.sha256(digest.encode()).hexdigest()
-
-
 def cache_name(endpoint: str, revision: str) -> str:
     """``ENDPOINT-<12 hex>`` (a DNS name; a long endpoint name keeps 40 characters and a
     digest of the whole, so two endpoints never share a name)."""
-    name = f"{endpoint}-{_hex(revision)[:12]}"
+    name = f"{endpoint}-{revision_hex(revision)[:12]}"
     if len(name) <= 63:
         return name
     tag = hashlib.sha256(endpoint.encode()).hexdigest()[:8]
-    return f"{endpoint[:40].rstrip('-')}-{tag}-{_hex(revision)[:12]}"
+    return f"{endpoint[:40].rstrip('-')}-{tag}-{revision_hex(revision)[:12]}"
 
 
 def owner_reference(endpoint: Mapping[str, Any]) -> Body:
@@ -147,7 +139,7 @@ def cache_body(endpoint: Mapping[str, Any], spec: EndpointSpec, revision: str, s
     labels = {
         "app.kubernetes.io/part-of": "preheat",
         ENDPOINT_LABEL: spec.name,
-        CACHE_REVISION_LABEL: _hex(revision)[:63],
+        CACHE_REVISION_LABEL: revision_hex(revision)[:63],
     }
     body: Body = {
         "apiVersion": f"{GROUP}/{VERSION}",
