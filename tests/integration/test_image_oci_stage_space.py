@@ -228,3 +228,27 @@ def test_an_unpacked_tar_member_is_linked_into_the_fill_not_copied(
     for tag in ("models/link-gz:v1", "models/link-tar:v1"):
         got = NodeStore(tmp_path / tag.replace("/", "-")).pull(f"oci://{reg.ref(tag)}")
         assert (got.snapshot / "w.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_compressed_layer_that_fits_once_is_pulled_not_reserved_twice(
+    reg: Registry, tmp_path: Path, compression: str
+) -> None:
+    """A 4 MiB model in a small compressed tar layer, into a 6 MiB store (room for it
+    once, not twice): its staged files become the blobs, so the pull succeeds, and again
+    after the snapshot is deleted (the listing is kept, so the layer is then staged during
+    the fill); nothing stays reserved."""
+    files = [("zeros.bin", bytes(4 * MiB)), ("w.bin", os.urandom(64 << 10))]
+    layer = tar_layer(files, compression)
+    assert len(layer) < MiB
+    tag = f"models/once-{compression}:v1"
+    reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+{compression}", layer)])
+    store = NodeStore(tmp_path / "store", capacity=6 * MiB, high_watermark=1.0)
+    for _ in range(2):
+        got = store.pull(f"oci://{reg.ref(tag)}")
+        for name, data in files:
+            assert (got.snapshot / name).read_bytes() == data
+        assert store.usage().reserved == 0 and _staged(store) == []
+        assert store.usage().used == sum(len(d) for _, d in files)
+        store.delete(got.manifest_digest)
+        assert store.usage().used == 0

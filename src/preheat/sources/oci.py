@@ -112,6 +112,7 @@ class OciSource(RegistryBlobSource):
         self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
         self._revoked: dict[str, tuple[str, float]] = {}
         self._copy_ok = True  # False once copy_file_range is refused (staging elsewhere)
+        self._layout: Any = None  # the store's Layout (bind_store)
 
     def bind_store(
         self, layout: Any, revoked: Mapping[str, tuple[str, float]], space: Any = None
@@ -121,6 +122,7 @@ class OciSource(RegistryBlobSource):
         fetching any layer (the puller calls this; the store checks the extracted files
         itself)."""
         self.layers.bind_store(Path(layout.root), space)
+        self._layout = layout
         self._revoked = dict(revoked)
 
     def _refuse(self, digests: list[str], store: Path | None) -> None:
@@ -252,10 +254,29 @@ class OciSource(RegistryBlobSource):
             files = await self._modelcar(doc, mt, got.digest, config_mt)
         entries = tuple(FileEntry(p, size, sha) for p, (size, sha, _) in sorted(files.items()))
         locations = {p: loc for p, (_, _, loc) in files.items()}
+        await self._hand_off(files)
         if self.layers.root is not None and digests:  # every layer, whatever it added
             hexes = [d.removeprefix("sha256:") for d in digests]
             await asyncio.to_thread(record_users, self.layers.root, got.digest, hexes)
         return Resolution(self.ref, got.digest, Manifest(entries), locations, label=ref.tag)
+
+    async def _hand_off(self, files: dict[str, _File]) -> None:
+        """The unpacked members the pull will fetch (their blobs are not in the store)
+        are reserved by the pull's fill, which links them from staging: off the staging
+        reservation (``LayerStager.hand_off``), so they are not counted twice."""
+        if self._layout is None:
+            return
+        layout = self._layout
+
+        def missing() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for size, sha, loc in files.values():
+                member = self._members.get(loc.url)
+                if member is not None and member[1] and sha and not layout.blob(sha).exists():
+                    out[sha] = size
+            return out
+
+        await self.layers.hand_off(await asyncio.to_thread(missing))
 
     def _member(self, layer: Descriptor, compression: str, mode: Mode, m: Member) -> Location:
         assert m.sha256 is not None
