@@ -168,17 +168,27 @@ class LayerStager:
             blob = staging / f".layer-{d.hex}"
             download = await self._reserve(d.size, where, "downloaded")
             in_place: dict[str, int] = {}
+            size = d.size
             try:
                 await self._download(d, blob, where)
                 if compression:  # a plain tar is read in place: nothing more is written
                     size = await asyncio.to_thread(unpacked_size, blob, compression, d.size)
-                    size = max(0, size - self._credit(self._diffs.get(key)))
-                    unpacked = await self._reserve(size, where, "unpacked")
+                    reserved = max(0, size - self._credit(self._diffs.get(key)))
+                    unpacked = await self._reserve(reserved, where, "unpacked")
                     self._reservations.append(unpacked)
                     if unpacked is not None:
-                        self._unpacked.append((unpacked, [size]))
+                        self._unpacked.append((unpacked, [reserved]))
                 diff = await asyncio.to_thread(
-                    scan_layer, blob, d.media_type, compression, mode, staging, where, in_place
+                    scan_layer,
+                    blob,
+                    d.media_type,
+                    compression,
+                    mode,
+                    staging,
+                    where,
+                    in_place,
+                    size,
+                    lambda more: self._grow(more, where),
                 )
             finally:
                 if in_place:  # the layer file holds the members: kept until aclose
@@ -336,6 +346,24 @@ class LayerStager:
             )
             err.need, err.free, err.evictable = exc.need, exc.free, exc.evictable
             raise err from None
+
+    def _grow(self, more: int, where: str) -> None:
+        """Reserve ``more`` bytes for a layer unpacking past its first estimate (in the
+        unpacking thread; ``InsufficientSpace`` stops it before those bytes are written)."""
+        if self._space is None:
+            return
+        try:
+            res = self._space.reserve(f"{where} (staging)", more, ())
+        except InsufficientSpace as exc:
+            err = InsufficientSpace(
+                f"{where}: the tar layer unpacks to more than its last gzip trailer says "
+                f"(several members), and there is no room for the rest under the store's "
+                f"tmp/; nothing more was unpacked and nothing was published. {exc}"
+            )
+            err.need, err.free, err.evictable = exc.need, exc.free, exc.evictable
+            raise err from None
+        self._reservations.append(res)
+        self._unpacked.append((res, [more]))
 
     async def _release(self, reservation: Any) -> None:
         if reservation is not None:
