@@ -163,10 +163,18 @@ def test_a_multi_frame_zstd_layer_is_reserved_and_staged_whole(
     assert len(layer) < MiB
     tag = f"models/frames-{sizes}:v1"
     reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+zstd", layer)])
+    _refused_small_whole_big(reg, tmp_path, tag, files, "nothing was unpacked", len(raw))
+
+
+def _refused_small_whole_big(
+    reg: Registry, tmp_path: Path, tag: str, files: list[tuple[str, bytes]], said: str, need: int
+) -> None:
+    """A 2 MiB store refuses ``tag`` for room (``said``, at least ``need`` bytes) having
+    staged less than 1 MiB and leaving nothing behind; a 32 MiB store gets ``files``."""
     small = NodeStore(tmp_path / "small", capacity=2 * MiB, high_watermark=1.0)
-    with pytest.raises(InsufficientSpace, match="nothing was unpacked") as info:
+    with _disk_of(MiB), pytest.raises(InsufficientSpace, match=said) as info:
         small.pull(f"oci://{reg.ref(tag)}")
-    assert info.value.need >= len(raw)
+    assert info.value.need >= need
     assert _staged(small) == [] and small.usage().reserved == 0 and small.snapshots() == []
     store = NodeStore(tmp_path / "store", capacity=32 * MiB, high_watermark=1.0)
     got = store.pull(f"oci://{reg.ref(tag)}")
@@ -282,17 +290,8 @@ def test_a_multi_member_gzip_layer_is_reserved_and_staged_whole(
     assert len(layer) < MiB and (isize > len(layer)) == (last == "plausible")
     tag = f"models/members-{last}:v1"
     reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+gzip", layer)])
-    small = NodeStore(tmp_path / "small", capacity=2 * MiB, high_watermark=1.0)
     said = "more than its last gzip trailer" if last == "plausible" else "nothing was unpacked"
-    with _disk_of(MiB), pytest.raises(InsufficientSpace, match=said) as info:
-        small.pull(f"oci://{reg.ref(tag)}")
-    assert info.value.need >= len(raw) - isize
-    assert _staged(small) == [] and small.usage().reserved == 0 and small.snapshots() == []
-    store = NodeStore(tmp_path / "store", capacity=32 * MiB, high_watermark=1.0)
-    got = store.pull(f"oci://{reg.ref(tag)}")
-    for name, data in files:
-        assert (got.snapshot / name).read_bytes() == data
-    assert store.usage().reserved == 0 and _staged(store) == []
+    _refused_small_whole_big(reg, tmp_path, tag, files, said, len(raw) - isize)
 
 
 def test_a_gzip_member_that_unpacks_past_its_trailer_is_refused_before_the_disk_fills(
