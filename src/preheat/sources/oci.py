@@ -363,16 +363,24 @@ async def manifest_layers(source: str, revision: str) -> tuple[str, ...]:
     """The layer digests of the ``oci://`` ``source``'s revision ``revision`` (its
     manifest digest), asked of the registry: one manifest, no layer moves. What a
     revoked layer is matched against where no store recorded the unpacking (the
-    Kubernetes operator)."""
+    Kubernetes operator, the local fleet)."""
+    return (await revision_layers(source, revision))[1]
+
+
+async def revision_layers(source: str, reference: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """``(manifest digest, layer digests)`` of the ``oci://`` ``source`` at ``reference``
+    (default: the source's own tag or digest): one manifest, no layer moves (an image
+    index has no layers of its own: none)."""
     ref = parse_image_ref(source.removeprefix("oci://"))
     client = RegistryClient(ref, credentials=load_credentials(ref.registry), retries=2)
     try:
-        got = await client.manifest(revision)
+        got = await client.manifest(reference or ref.reference)
     finally:
         await client.aclose()
-    raw = load(got.body, f"{ref.name}@{revision}").get("layers")
+    raw = load(got.body, f"{ref.name}@{got.digest}").get("layers")
     layers = raw if isinstance(raw, list) else []
-    return tuple(str(x["digest"]) for x in layers if isinstance(x, dict) and "digest" in x)
+    digests = tuple(str(x["digest"]) for x in layers if isinstance(x, dict) and "digest" in x)
+    return got.digest, digests
 
 
 def _node_platform() -> Platform:
