@@ -45,7 +45,7 @@ def test_either_filepath_annotation_names_the_file_the_cncf_one_first() -> None:
     both = {"org.cncf.model.filepath": "a.bin", "org.cnai.model.filepath": "b.bin"}
     assert filepath({"annotations": both}, "l") == "a.bin"
     assert filepath({"annotations": {"org.cnai.model.filepath": "d/b.bin"}}, "l") == "d/b.bin"
-    with pytest.raises(UnsafePath, match="org.cnai.model.filepath '/etc/x' escapes"):
+    with pytest.raises(UnsafePath, match=r"org\.cnai\.model\.filepath '/etc/x' escapes"):
         filepath({"annotations": {"org.cnai.model.filepath": "/etc/x"}}, "l")
-    with pytest.raises(UnsupportedMediaType, match="org.cncf.model.filepath"):
+    with pytest.raises(UnsupportedMediaType, match=r"org\.cncf\.model\.filepath"):
         filepath({"annotations": {}}, "l")
