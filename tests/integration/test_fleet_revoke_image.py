@@ -38,7 +38,8 @@ def _spec(model_ref: str, image: Any) -> Any:
 
 async def test_revoked_image_rolls_to_image_fallback_under_load(tmp_path: Path) -> None:
     """Revoking the image digest the replicas run rolls them to the spec's image fallback
-    with no failed request; the revoked image leaves both stores once unused."""
+    with no failed request; the revoked image leaves both stores once unused; a node
+    that joins then, running no replica, is pre-pulled the fallback (what they run)."""
     model = make_model(tmp_path / "origin" / "m1", size=2 * MB, shards=2, seed=5)
     new = write_layout(tmp_path / "new", [128 * KiB, 64 * KiB], seed=1)
     old = write_layout(tmp_path / "old", [128 * KiB, 64 * KiB], seed=2)
@@ -84,6 +85,11 @@ async def test_revoked_image_rolls_to_image_fallback_under_load(tmp_path: Path) 
                     ImageCache(node.cache.store).find(f"{v2.rsplit(':', 1)[0]}@{digest}")
                 if name in running:  # the fallback is referenced where a replica runs it
                     assert ImageCache(node.cache.store).find(v1).references == ("chat",)
+            # A node that joins now runs no replica, and is pre-pulled the image they run.
+            await fleet.add_node("c")
+            await fleet.wait_until(lambda f: images.holds("c", v1), 30, "the fallback on c")
+            assert "c" not in {r.node for r in fleet.state.live_replicas()}
+            assert not images.holds("c", v2)
             # Unrevoke: the spec's own image comes back.
             await fleet.unrevoke(digest)
             await fleet.wait_until(

@@ -113,3 +113,24 @@ def test_cache_pull_oci_fetches_only_the_changed_file_and_honours_revoke(
         main, ["cache", "pull", f"oci://{reg.ref('models/cli:v2')}", "--store", store]
     )
     assert again.exit_code == 1 and "revoked" in again.output
+
+
+def test_a_model_with_the_older_cnai_names_resolves_like_a_cncf_one(reg: Registry) -> None:
+    """A ModelPack model pushed with the spec's pre-July-2025 names (artifactType, layer
+    types ``application/vnd.cnai.model.*``, ``org.cnai.model.filepath``) gives the same
+    files as its ``cncf`` twin; a ``..`` in the old annotation is refused too."""
+    from preheat.testing.registry import ModelLayer, tar_layer
+
+    old = "application/vnd.cnai.model."
+    tok = tar_layer([("tokenizer.json", b'{"t": 1}')], "gzip")
+    layers = [
+        ModelLayer(f"{old}weight.v1.raw", b"w" * 30_000, {"org.cnai.model.filepath": "w.bin"}),
+        ModelLayer(f"{old}weight.config.v1.tar+gzip", tok),
+    ]
+    reg.push_model_layers("models/cnai:v1", layers, artifact_type=f"{old}manifest.v1+json")
+    _, got = asyncio.run(_resolve_and_read(f"oci://{reg.ref('models/cnai:v1')}"))
+    assert got == {"w.bin": b"w" * 30_000, "tokenizer.json": b'{"t": 1}'}
+    bad = [ModelLayer(f"{old}weight.v1.raw", b"x", {"org.cnai.model.filepath": "../x"})]
+    reg.push_model_layers("models/cnai-bad:v1", bad, artifact_type=f"{old}manifest.v1+json")
+    with pytest.raises(UnsafePath, match=r"org\.cnai\.model\.filepath '\.\./x' escapes"):
+        asyncio.run(_resolve_and_read(f"oci://{reg.ref('models/cnai-bad:v1')}"))

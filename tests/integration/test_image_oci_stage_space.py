@@ -163,10 +163,18 @@ def test_a_multi_frame_zstd_layer_is_reserved_and_staged_whole(
     assert len(layer) < MiB
     tag = f"models/frames-{sizes}:v1"
     reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+zstd", layer)])
+    _refused_small_whole_big(reg, tmp_path, tag, files, "nothing was unpacked", len(raw))
+
+
+def _refused_small_whole_big(
+    reg: Registry, tmp_path: Path, tag: str, files: list[tuple[str, bytes]], said: str, need: int
+) -> None:
+    """A 2 MiB store refuses ``tag`` for room (``said``, at least ``need`` bytes) having
+    staged less than 1 MiB and leaving nothing behind; a 32 MiB store gets ``files``."""
     small = NodeStore(tmp_path / "small", capacity=2 * MiB, high_watermark=1.0)
-    with pytest.raises(InsufficientSpace, match="nothing was unpacked") as info:
+    with _disk_of(MiB), pytest.raises(InsufficientSpace, match=said) as info:
         small.pull(f"oci://{reg.ref(tag)}")
-    assert info.value.need >= len(raw)
+    assert info.value.need >= need
     assert _staged(small) == [] and small.usage().reserved == 0 and small.snapshots() == []
     store = NodeStore(tmp_path / "store", capacity=32 * MiB, high_watermark=1.0)
     got = store.pull(f"oci://{reg.ref(tag)}")
@@ -228,3 +236,78 @@ def test_an_unpacked_tar_member_is_linked_into_the_fill_not_copied(
     for tag in ("models/link-gz:v1", "models/link-tar:v1"):
         got = NodeStore(tmp_path / tag.replace("/", "-")).pull(f"oci://{reg.ref(tag)}")
         assert (got.snapshot / "w.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_compressed_layer_that_fits_once_is_pulled_not_reserved_twice(
+    reg: Registry, tmp_path: Path, compression: str
+) -> None:
+    """A 4 MiB model in a small compressed tar layer, into a 6 MiB store (room for it
+    once, not twice): its staged files become the blobs, so the pull succeeds, and again
+    after the snapshot is deleted (the listing is kept, so the layer is then staged during
+    the fill); nothing stays reserved."""
+    files = [("zeros.bin", bytes(4 * MiB)), ("w.bin", os.urandom(64 << 10))]
+    layer = tar_layer(files, compression)
+    assert len(layer) < MiB
+    tag = f"models/once-{compression}:v1"
+    reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+{compression}", layer)])
+    store = NodeStore(tmp_path / "store", capacity=6 * MiB, high_watermark=1.0)
+    for _ in range(2):
+        got = store.pull(f"oci://{reg.ref(tag)}")
+        for name, data in files:
+            assert (got.snapshot / name).read_bytes() == data
+        assert store.usage().reserved == 0 and _staged(store) == []
+        assert store.usage().used == sum(len(d) for _, d in files)
+        store.delete(got.manifest_digest)
+        assert store.usage().used == 0
+
+
+def _gzip_members(raw: bytes, cuts: list[int]) -> bytes:
+    """``raw`` cut at ``cuts``, each piece its own gzip member (as pigz -i, bgzip and
+    ``cat a.gz b.gz`` write them)."""
+    import gzip
+
+    bounds = [0, *cuts, len(raw)]
+    return b"".join(gzip.compress(raw[a:b], mtime=0) for a, b in itertools.pairwise(bounds))
+
+
+@pytest.mark.parametrize("last", ["implausible", "plausible"])
+def test_a_multi_member_gzip_layer_is_reserved_and_staged_whole(
+    reg: Registry, tmp_path: Path, last: str
+) -> None:
+    """A 4.8 MiB tar+gzip layer in 3 members, whose last ISIZE trailer says only its own
+    0.3 MiB or 0.8 MiB: counted before unpacking when that is less than the layer's
+    compressed size ("implausible"), else while unpacking, before anything past the
+    trailer is written ("plausible"). A 2 MiB store refuses it for room
+    having staged less than 1 MiB; a store with room gets every file, byte for byte, and
+    nothing stays reserved."""
+    rand = os.urandom(512 << 10)
+    files = [("zeros.bin", bytes(4 * MiB)), ("a.bin", rand[: 256 << 10])]
+    files += [("b.bin", rand[256 << 10 :]), ("c.bin", bytes(256 << 10))]
+    raw = tar_layer(files)
+    isize = (800 if last == "plausible" else 300) << 10
+    layer = _gzip_members(raw, [len(raw) // 2, len(raw) - isize])
+    assert len(layer) < MiB and (isize > len(layer)) == (last == "plausible")
+    tag = f"models/members-{last}:v1"
+    reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+gzip", layer)])
+    said = "more than its last gzip trailer" if last == "plausible" else "nothing was unpacked"
+    _refused_small_whole_big(reg, tmp_path, tag, files, said, len(raw) - isize)
+
+
+def test_a_gzip_member_that_unpacks_past_its_trailer_is_refused_before_the_disk_fills(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """A gzip layer whose ISIZE trailer was forged to 1 MiB but unpacks to 64 MiB: refused
+    as unreadable (the files this process writes are capped at 8 MiB, so staging past
+    the trailer would fail with EFBIG instead), nothing published or reserved."""
+    import gzip
+
+    raw = tar_layer([("zeros.bin", bytes(64 * MiB))])
+    layer = bytearray(gzip.compress(raw, mtime=0))
+    layer[-4:] = struct.pack("<I", MiB)
+    reg.push_model_layers("models/lying-gz:v1", [ModelLayer(f"{WEIGHT}+gzip", bytes(layer))])
+    store = NodeStore(tmp_path / "store", capacity=16 * MiB, high_watermark=1.0)
+    with _disk_of(8 * MiB), pytest.raises(UnsupportedMediaType, match="not a readable") as info:
+        store.pull(f"oci://{reg.ref('models/lying-gz:v1')}")
+    assert "too large" not in str(info.value)
+    assert _staged(store) == [] and store.usage().reserved == 0 and store.snapshots() == []

@@ -67,3 +67,13 @@ def test_zstd_size_sums_every_frame_and_skips_skippable_ones(tmp_path: Path) -> 
     mixed = tmp_path / "mixed.zst"
     n = _write(mixed, stream + co.compress(bytes(MiB)) + co.flush())
     assert unpacked_size(mixed, "zstd", n) == len(rnd) + 3 * MiB
+
+
+def test_gzip_members_are_counted_when_the_last_trailer_is_too_small(tmp_path: Path) -> None:
+    """Two gzip members, the last one random and small: its ISIZE is below the compressed
+    size, so every member is counted (not the last trailer's 100 KiB, nor 4 GiB more)."""
+    rnd = os.urandom(600 << 10)
+    data = gzip.compress(bytes(2 * MiB) + rnd[: 500 << 10]) + gzip.compress(rnd[500 << 10 :])
+    path = tmp_path / "members.gz"
+    n = _write(path, data)
+    assert unpacked_size(path, "gzip", n) == 2 * MiB + len(rnd)

@@ -2,7 +2,8 @@
 
 With the key on, every reconcile step (``sync``) makes sure each target node (the
 nodes ``modelCacheConfig.weights.nodes`` selects, all nodes by default) has a pull of
-each variant's ``image`` into its store (``images.ImageCache``) done or under way: one
+the image each variant runs (``running_images``: its ``image``, or while that is
+revoked the ``image.fallback`` it rolled to; a fallback nothing runs is not pulled) into its store (``images.ImageCache``) done or under way: one
 background task per (node, image), beside the weight warm-ups and never waited for by
 the planner or the cache gate. A failed pull is retried with the warm-ups' backoff.
 
@@ -97,10 +98,27 @@ class ImageWarmer:
             cache = self._caches[node.name] = ImageCache(node.cache.store)
         return cache
 
+    def running_images(self) -> list[str]:
+        """The image each variant runs: its ``image``, or, while that is revoked, its
+        first ``image.fallback`` that is not (resolved on the revocation); none while
+        every one is revoked (a pull would be refused). What the pre-pull covers."""
+        st = self.state
+        out: set[str] = set()
+        for v in st.spec.variants:
+            if not v.image:
+                continue
+            if not self.revoked(v.image):
+                out.add(v.image)
+                continue
+            for ref, digests in st.image_fallbacks.get(v.name, ()):
+                if digests and not st.revoked_keys.intersection(digests):
+                    out.add(ref)
+                    break
+        return sorted(out)
+
     def _wanted(self) -> set[str]:
         st = self.state
-        wanted = {v.image for v in st.spec.variants if v.image} if self.enabled else set()
-        wanted = {i for i in wanted if not self.revoked(i)}  # kept below while one runs it
+        wanted = set(self.running_images()) if self.enabled else set()
         for r in st.live_replicas():
             image = self.image_of(r)
             if image:
@@ -114,8 +132,7 @@ class ImageWarmer:
         st = self.state
         if self.enabled:
             selector = st.spec.cache.weights.nodes
-            images = sorted({v.image for v in st.spec.variants if v.image})
-            images = [i for i in images if not self.revoked(i)]  # a pull would be refused
+            images = self.running_images()
             for node in st.nodes.values():
                 if not node.up or node.cache.closed:
                     continue

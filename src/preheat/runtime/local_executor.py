@@ -144,6 +144,7 @@ class LocalExecutor:
             for v in st.spec.variants:  # the digest each image runs, once per image
                 if v.image and v.image not in st.image_digests:
                     await self.warmer.images.digests(v.image)
+            await self.revocations.learn_layers(st)
         revoked = self._revoked()
         for name in list(st.revoked):
             rv = st.resolved.get(name)
@@ -151,7 +152,10 @@ class LocalExecutor:
             if rv is None or (rv.revision not in revoked and not revoked.intersection(image)):
                 del st.revoked[name]  # lifted (unrevoke) or the spec moved on
         if revoked & {rv.revision for rv in st.resolved.values()}:
-            await resolve_fallbacks(st)
+            await resolve_fallbacks(st, self.revocations)
+            if self.revocations is not None:  # the fallbacks' layers, before one is chosen
+                await self.revocations.learn_layers(st)
+                revoked = self._revoked()
         if any(
             revoked.intersection(st.image_digests.get(v.image or "", ())) for v in st.spec.variants
         ):

@@ -6,7 +6,10 @@ restarted ``preheat up`` keeps it. The list is applied to every node's store
 (``store.revoke``: what no replica holds is removed, every new pull of it is refused) and
 to every node that joins later; ``unrevoke`` lifts it everywhere. The planner sees the
 revoked *revisions* (``FleetRevocations.revisions``) and rolls the variants that run one to their
-``model.fallback`` or reports them (``control.revocation``). A snapshot that a replica
+``model.fallback`` or reports them (``control.revocation``); a revoked layer digest
+revokes the ``oci://`` revisions built from it, known from the stores' records of what
+they unpacked and from the registry's manifests (``learn_layers``: a fallback no node
+ever pulled is never chosen). A snapshot that a replica
 still holds is removed by the planner's clean-up once that replica is gone.
 """
 
@@ -21,10 +24,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preheat.errors import ControlError, FetchError
+from preheat.artifacts.refs import redact_url
+from preheat.control.revocation import revoked_by_layers
+from preheat.control.spec_types import ModelSpec
+from preheat.errors import ControlError, FetchError, PreheatError
 from preheat.runtime.image_warmup import ImageWarmer
 from preheat.runtime.model import FleetState, Node, ResolvedVariant
 from preheat.runtime.nodestore import resolve_source
+from preheat.sources.oci import manifest_layers, revision_layers
 from preheat.sources.oci_layer_meta import layer_users
 from preheat.store.revoke import normalise
 
@@ -40,6 +47,11 @@ class FleetRevocations:
     #: key -> revisions it was found to name (a snapshot digest names the revision whose
     #: snapshot it is; remembered because the snapshot is gone once revoked).
     names: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: ``oci://`` revision -> the digests of its layers, asked of the registry once
+    #: (``learn_layers``; a manifest digest's layers never change).
+    layers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Revisions whose layers could not be asked for (said once until they are).
+    unknown: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, state_dir: Path) -> FleetRevocations:
@@ -111,13 +123,66 @@ class FleetRevocations:
         ]
 
     def revisions(self, known: Iterable[str]) -> frozenset[str]:
-        """The revisions the list revokes, among ``known`` and those named at revoke time."""
+        """The revisions the list revokes, among ``known`` and those named at revoke time,
+        and the known ``oci://`` revisions built from a revoked layer (``learn_layers``),
+        whether or not a node ever pulled them."""
         if not self.entries:
             return frozenset()
+        known = set(known)
         out = {r for r in known if normalise(r) in self.entries}
         for names in self.names.values():
             out |= names
-        return frozenset(out)
+        layers = {r: ds for r, ds in self.layers.items() if r in known}
+        return frozenset(out | revoked_by_layers(self.entries.keys(), layers))
+
+    async def built_from_revoked(self, st: FleetState, variant: str, m: ModelSpec) -> bool:
+        """Whether the ``oci://`` fallback ``m`` of ``variant`` is built from a layer on the
+        list (its manifest read, its layers remembered; said when it is). False for other
+        sources and when the registry does not answer (the full resolve then says so)."""
+        if not self.entries or not m.source.startswith("oci://"):
+            return False
+        try:
+            rev, layers = await revision_layers(m.source, m.revision)
+        except (PreheatError, OSError):
+            return False
+        self.layers[rev] = layers
+        hit = sorted(set(layers) & self.entries.keys())
+        if hit:
+            st.say(
+                f"{variant}: fallback {redact_url(m.source)} ({rev[:19]}) is built from the "
+                f"revoked layer {hit[0][:19]}; it is not chosen"
+            )
+        return bool(hit)
+
+    async def learn_layers(self, st: FleetState) -> None:
+        """Ask the registry for the layer digests of every known ``oci://`` revision not
+        asked yet (the main ones and resolved fallbacks; only while the list is not
+        empty), so a revoked layer revokes a revision no store unpacked, as the
+        Kubernetes operator does. A registry that does not answer is said and asked again
+        on the next pass. A fallback found built from a revoked layer is said once."""
+        if not self.entries:
+            return
+        for rev, rv in list(st.known.items()):
+            if not rv.source.startswith("oci://") or rev in self.layers:
+                continue
+            try:
+                self.layers[rev] = await manifest_layers(rv.source, rev)
+            except (PreheatError, OSError) as exc:
+                if rev in self.unknown:
+                    continue
+                self.unknown.add(rev)
+                st.say(
+                    f"{rv.variant}: the layers of {redact_url(rv.source)} are not known "
+                    f"({redact_url(str(exc))}); asked again on the next pass"
+                )
+                continue
+            self.unknown.discard(rev)
+            hit = sorted(set(self.layers[rev]) & self.entries.keys())
+            if hit and rev not in {r.revision for r in st.resolved.values()}:
+                st.say(
+                    f"{rv.variant}: fallback {redact_url(rv.source)} ({rev[:19]}) is built "
+                    f"from the revoked layer {hit[0][:19]}; it is not chosen"
+                )
 
 
 def _names(st: FleetState, key: str) -> frozenset[str]:
@@ -158,14 +223,18 @@ async def resolve_image_fallbacks(st: FleetState, images: ImageWarmer) -> None:
         st.image_fallbacks[v.name] = tuple(out)
 
 
-async def resolve_fallbacks(st: FleetState) -> None:
+async def resolve_fallbacks(st: FleetState, revocations: FleetRevocations | None = None) -> None:
     """Resolve each variant's ``model.fallback`` list once a revocation needs it; a
-    fallback whose origin does not answer is left out (and said) until the next apply."""
+    fallback whose origin does not answer is left out (and said) until the next apply,
+    and so is an ``oci://`` one built from a layer on ``revocations``' list (its manifest
+    is read first: the revoked layer is not fetched to resolve it)."""
     for v in st.spec.variants:
         if v.name in st.fallbacks or not v.model.fallback:
             continue
         out = []
         for m in v.model.fallback:
+            if revocations is not None and await revocations.built_from_revoked(st, v.name, m):
+                continue
             try:
                 revision, total, files = await resolve_source(m.source)
             except FetchError as exc:

@@ -10,6 +10,8 @@ Two kinds of image are models:
   duplicates), its sha256 the layer digest; ``...v1.tar``, ``.tar+gzip``, ``.tar+zstd``
   unpack into files named by their tar members, as ``modctl extract`` does (the
   annotation, which modctl sets to the same relative path, is only checked to be safe).
+  The spec's older names (``application/vnd.cnai.model.*``, ``org.cnai.model.filepath``)
+  are read as the same types (``oci_modelpack``).
 - **KServe modelcars**: any other image (an index picks the node's platform) whose
   files live under ``/models``; its layers are applied in order with the OCI whiteout
   rules and what ends under ``/models`` is the snapshot. An image with nothing there is
@@ -35,7 +37,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from preheat.artifacts.manifest import FileEntry, Manifest, check_relpath
+from preheat.artifacts.manifest import FileEntry, Manifest
 from preheat.artifacts.refs import ArtifactRef, redact_url
 from preheat.errors import NoModelFiles, Revoked, TruncatedBody, UnsafePath, UnsupportedMediaType
 from preheat.images.auth import Credentials, load_credentials
@@ -48,7 +50,6 @@ from preheat.images.manifest import (
     load,
     media_type_of,
     parse_manifest,
-    read_descriptor,
 )
 from preheat.images.reference import ImageRef, Platform, node_platform, parse_image_ref
 from preheat.sources.base import Location, Resolution, Unsupported
@@ -63,15 +64,16 @@ from preheat.sources.oci_layers import (
     apply_layers,
     merge_models,
 )
+from preheat.sources.oci_modelpack import (
+    MODEL_MANIFEST,
+    check_filepath,
+    filepath,
+    is_model,
+    model_layer,
+)
 from preheat.sources.oci_stage import LayerStager
 
 _COPY = 8 << 20  # bytes per copy of a staged tar member into the fill
-
-MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
-MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
-FILEPATH = "org.cncf.model.filepath"
-_KINDS = ("weight", "weight.config", "doc", "code", "dataset")
-RAW_LAYERS = frozenset(f"application/vnd.cncf.model.{k}.v1.raw" for k in _KINDS)
 
 
 def oci_ref(text: str) -> ArtifactRef:
@@ -112,6 +114,7 @@ class OciSource(RegistryBlobSource):
         self._members: dict[str, tuple[Descriptor, str, Mode, str]] = {}
         self._revoked: dict[str, tuple[str, float]] = {}
         self._copy_ok = True  # False once copy_file_range is refused (staging elsewhere)
+        self._layout: Any = None  # the store's Layout (bind_store)
 
     def bind_store(
         self, layout: Any, revoked: Mapping[str, tuple[str, float]], space: Any = None
@@ -121,6 +124,7 @@ class OciSource(RegistryBlobSource):
         fetching any layer (the puller calls this; the store checks the extracted files
         itself)."""
         self.layers.bind_store(Path(layout.root), space)
+        self._layout = layout
         self._revoked = dict(revoked)
 
     def _refuse(self, digests: list[str], store: Path | None) -> None:
@@ -246,16 +250,35 @@ class OciSource(RegistryBlobSource):
         self._refuse([got.digest, *digests], self.layers.root)
         config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
         config_mt = config.get("mediaType") if isinstance(config, dict) else None
-        if doc.get("artifactType") == MODEL_MANIFEST or config_mt == MODEL_CONFIG:
+        if is_model(doc.get("artifactType"), config_mt):
             files = await self._modelpack(doc, f"{ref.name}@{got.digest}")
         else:
             files = await self._modelcar(doc, mt, got.digest, config_mt)
         entries = tuple(FileEntry(p, size, sha) for p, (size, sha, _) in sorted(files.items()))
         locations = {p: loc for p, (_, _, loc) in files.items()}
+        await self._hand_off(files)
         if self.layers.root is not None and digests:  # every layer, whatever it added
             hexes = [d.removeprefix("sha256:") for d in digests]
             await asyncio.to_thread(record_users, self.layers.root, got.digest, hexes)
         return Resolution(self.ref, got.digest, Manifest(entries), locations, label=ref.tag)
+
+    async def _hand_off(self, files: dict[str, _File]) -> None:
+        """The unpacked members the pull will fetch (their blobs are not in the store)
+        are reserved by the pull's fill, which links them from staging: off the staging
+        reservation (``LayerStager.hand_off``), so they are not counted twice."""
+        if self._layout is None:
+            return
+        layout = self._layout
+
+        def missing() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for size, sha, loc in files.values():
+                member = self._members.get(loc.url)
+                if member is not None and member[1] and sha and not layout.blob(sha).exists():
+                    out[sha] = size
+            return out
+
+        await self.layers.hand_off(await asyncio.to_thread(missing))
 
     def _member(self, layer: Descriptor, compression: str, mode: Mode, m: Member) -> Location:
         assert m.sha256 is not None
@@ -272,12 +295,12 @@ class OciSource(RegistryBlobSource):
         wanted: list[tuple[Descriptor, str, Mode, str]] = []
         for i, obj in enumerate(layers):
             at = f"{where} layers[{i}]"
-            d = _layer(obj, at)
+            d = model_layer(obj, at)
             if d.media_type in MODEL_TAR_LAYERS:
-                _annotated(obj, at)  # informational for a tar layer, but it must be safe
+                check_filepath(obj, at)  # informational for a tar layer, but it must be safe
                 wanted.append((d, MODEL_TAR_LAYERS[d.media_type], "model", at))
                 continue
-            path = _path(obj, at)
+            path = filepath(obj, at)
             if path in taken:
                 raise UnsafePath(f"{where}: path {path!r} is named by two layers")
             taken[path] = at
@@ -342,47 +365,27 @@ async def manifest_layers(source: str, revision: str) -> tuple[str, ...]:
     """The layer digests of the ``oci://`` ``source``'s revision ``revision`` (its
     manifest digest), asked of the registry: one manifest, no layer moves. What a
     revoked layer is matched against where no store recorded the unpacking (the
-    Kubernetes operator)."""
+    Kubernetes operator, the local fleet)."""
+    return (await revision_layers(source, revision))[1]
+
+
+async def revision_layers(source: str, reference: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """``(manifest digest, layer digests)`` of the ``oci://`` ``source`` at ``reference``
+    (default: the source's own tag or digest): one manifest, no layer moves (an image
+    index has no layers of its own: none)."""
     ref = parse_image_ref(source.removeprefix("oci://"))
     client = RegistryClient(ref, credentials=load_credentials(ref.registry), retries=2)
     try:
-        got = await client.manifest(revision)
+        got = await client.manifest(reference or ref.reference)
     finally:
         await client.aclose()
-    raw = load(got.body, f"{ref.name}@{revision}").get("layers")
+    raw = load(got.body, f"{ref.name}@{got.digest}").get("layers")
     layers = raw if isinstance(raw, list) else []
-    return tuple(str(x["digest"]) for x in layers if isinstance(x, dict) and "digest" in x)
+    digests = tuple(str(x["digest"]) for x in layers if isinstance(x, dict) and "digest" in x)
+    return got.digest, digests
 
 
 def _node_platform() -> Platform:
     import platform as _platform
 
     return node_platform(_platform.system(), _platform.machine())
-
-
-def _layer(obj: object, where: str) -> Descriptor:
-    d = read_descriptor(obj, where)
-    if d.media_type not in RAW_LAYERS and d.media_type not in MODEL_TAR_LAYERS:
-        raise UnsupportedMediaType(
-            f"{where} has media type {d.media_type!r}; supported: "
-            f"{', '.join(sorted(RAW_LAYERS | set(MODEL_TAR_LAYERS)))}"
-        )
-    return d
-
-
-def _annotated(obj: dict[str, object], where: str) -> None:
-    ann = obj.get("annotations")
-    if isinstance(ann, dict) and FILEPATH in ann:
-        _path(obj, where)
-
-
-def _path(obj: dict[str, object], where: str) -> str:
-    ann = obj.get("annotations")
-    path = ann.get(FILEPATH) if isinstance(ann, dict) else None
-    if not isinstance(path, str) or not path:
-        raise UnsupportedMediaType(f"{where} has no {FILEPATH!r} annotation naming its file")
-    try:
-        check_relpath(path)
-    except (UnsafePath, ValueError) as exc:
-        raise UnsafePath(f"{where}: {FILEPATH} {path!r} escapes the snapshot ({exc})") from None
-    return path

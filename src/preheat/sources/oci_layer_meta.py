@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import BinaryIO
 
+from preheat.sources.oci_gzip import count
+
 __all__ = ["layer_users", "record_users", "sha256_file", "unpacked_size", "write_json"]
 
 _READ = 4 << 20
@@ -21,9 +23,11 @@ _READ = 4 << 20
 
 def unpacked_size(blob: Path, compression: str, size: int) -> int:
     """How many bytes unpacking the verified layer at ``blob`` stages, at most (the tar
-    stream's length bounds its members): a plain tar's own size; gzip's ISIZE trailer
-    (the length mod 2**32, lifted by 4 GiB steps when it is below what the compressed
-    size implies); zstd's frame content
+    stream's length bounds its members): a plain tar's own size; gzip's last ISIZE
+    trailer, or, when that is below what the compressed size implies (a layer of 4 GiB
+    or more: ISIZE is the length mod 2**32; or several members, where it is the last
+    one's), the length of every member counted (``oci_gzip.count``; a multi-member layer
+    whose last trailer is big enough is counted while it unpacks, ``GzipMembers``); zstd's frame content
     sizes summed over every frame (``_zstd_declared``; the decoder refuses a frame that
     unpacks past its declared size), else, when a frame declares none, the decompressed
     length counted."""
@@ -31,10 +35,10 @@ def unpacked_size(blob: Path, compression: str, size: int) -> int:
         with open(blob, "rb") as f:
             f.seek(max(0, size - 4))
             isize = int.from_bytes(f.read(4), "little")
-        # gzip never grows data by more than ~0.03% plus its header: an ISIZE below that
-        # bound is the length mod 2**32 of a layer of 4 GiB or more
-        while isize + (size >> 9) + 1024 < size:
-            isize += 1 << 32
+            # gzip never grows data by more than ~0.03% plus its header: an ISIZE below
+            # that bound is not the whole layer's length
+            if isize + (size >> 9) + 1024 < size:
+                return count(f.fileno(), size)
         return isize
     if compression == "zstd":
         import zstandard

@@ -31,13 +31,17 @@ import hashlib
 import os
 import tarfile
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, cast
 
 from preheat.artifacts.manifest import check_relpath
-from preheat.errors import UnsafePath, UnsupportedMediaType
+from preheat.errors import InsufficientSpace, UnsafePath, UnsupportedMediaType
+from preheat.sources.oci_gzip import GzipMembers
+
+#: ``grow(more)``: reserve ``more`` bytes of staging, or raise ``InsufficientSpace``.
+Grow = Callable[[int], None]
 
 Mode = Literal["model", "modelcar"]
 MODELCAR_ROOT = "models"
@@ -102,7 +106,7 @@ class LayerDiff:
         )
 
 
-def _open_tar(f: IO[bytes], compression: str) -> tarfile.TarFile:
+def _open_tar(f: IO[bytes], compression: str, budget: int, grow: Grow) -> tarfile.TarFile:
     # tarfile's stream reads 10 KiB at a time by default: 4 MiB reads cost far less
     if compression == "zstd":
         import zstandard
@@ -110,8 +114,9 @@ def _open_tar(f: IO[bytes], compression: str) -> tarfile.TarFile:
         dctx = zstandard.ZstdDecompressor()
         reader = dctx.stream_reader(f, read_size=_COPY, read_across_frames=True)
         return tarfile.open(fileobj=reader, mode="r|", bufsize=_COPY)
-    if compression == "gzip":
-        return tarfile.open(fileobj=f, mode="r|gz", bufsize=_COPY)
+    if compression == "gzip":  # every member, not only the first as r|gz reads
+        members = GzipMembers(f, os.fstat(f.fileno()).st_size, budget, grow)
+        return tarfile.open(fileobj=cast("IO[bytes]", members), mode="r|", bufsize=_COPY)
     return tarfile.open(fileobj=f, mode="r:")  # a plain tar on disk: members read in place
 
 
@@ -180,16 +185,19 @@ def scan_layer(
     staging: Path,
     where: str,
     in_place: dict[str, int] | None = None,
+    budget: int = 1 << 62,
+    grow: Grow = lambda _n: None,
 ) -> LayerDiff:
     """Read the layer at ``blob`` (already verified against its digest); see the module
     docstring for what it refuses. File bytes land in ``staging``; with ``in_place`` and
     an uncompressed layer they stay where they are in ``blob`` (the caller keeps it), and
-    ``in_place`` gets sha256 -> offset of the bytes in ``blob``."""
+    ``in_place`` gets sha256 -> offset of the bytes in ``blob``. A gzip layer unpacks at
+    most ``budget`` bytes before ``grow(more)`` reserves more (``oci_gzip``)."""
     try:
-        with open(blob, "rb") as f, _open_tar(f, compression) as tar:
+        with open(blob, "rb") as f, _open_tar(f, compression, budget, grow) as tar:
             spot = in_place if compression == "" else None
             return _scan(tar, mode, staging, where, f if spot is not None else None, spot)
-    except (UnsafePath, UnsupportedMediaType):
+    except (UnsafePath, UnsupportedMediaType, InsufficientSpace):
         raise
     except _read_errors() as exc:
         raise UnsupportedMediaType(

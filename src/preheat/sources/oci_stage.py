@@ -25,7 +25,10 @@ layer's members are copied out, so twice) plus one compressed layer. Bound with 
 compressed size before downloading it and its unpacked size (``unpacked_size``) before
 unpacking it, so a pull that cannot fit fails with ``InsufficientSpace`` before those
 bytes are written (the compressed reservation goes with the layer file, the unpacked one
-with the staging directory at ``aclose``).
+with the staging directory at ``aclose``). The staged files the pull will link into
+``blobs/`` are reserved by the pull's fill as well, so ``hand_off`` takes them off the
+unpacked reservation once the snapshot's files are known (and a layer staged later, during
+the fill, reserves only what the fill does not): the store counts them once.
 
 Which revisions were built from a tar layer is kept beside the listings
 (``record_users``: ``oci-layers/users-<digest>.json``); the store reads it when that
@@ -84,6 +87,12 @@ class LayerStager:
         self._where: dict[str, tuple[Path, int]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock: int | None = None
+        #: Unpacked-size reservations and the bytes each still counts (``hand_off``).
+        self._unpacked: list[tuple[Any, list[int]]] = []
+        #: sha256 -> size of staged files the fill reserves itself (``hand_off``); those
+        #: in ``_covered`` are no longer counted by a staging reservation.
+        self._handed: dict[str, int] = {}
+        self._covered: set[str] = set()
 
     def bind_store(self, root: Path, space: Any = None) -> None:
         """Keep listings and staging in the store at ``root``; with its ``space``
@@ -159,13 +168,27 @@ class LayerStager:
             blob = staging / f".layer-{d.hex}"
             download = await self._reserve(d.size, where, "downloaded")
             in_place: dict[str, int] = {}
+            size = d.size
             try:
                 await self._download(d, blob, where)
                 if compression:  # a plain tar is read in place: nothing more is written
                     size = await asyncio.to_thread(unpacked_size, blob, compression, d.size)
-                    self._reservations.append(await self._reserve(size, where, "unpacked"))
+                    reserved = max(0, size - self._credit(self._diffs.get(key)))
+                    unpacked = await self._reserve(reserved, where, "unpacked")
+                    self._reservations.append(unpacked)
+                    if unpacked is not None:
+                        self._unpacked.append((unpacked, [reserved]))
                 diff = await asyncio.to_thread(
-                    scan_layer, blob, d.media_type, compression, mode, staging, where, in_place
+                    scan_layer,
+                    blob,
+                    d.media_type,
+                    compression,
+                    mode,
+                    staging,
+                    where,
+                    in_place,
+                    size,
+                    lambda more: self._grow(more, where),
                 )
             finally:
                 if in_place:  # the layer file holds the members: kept until aclose
@@ -182,6 +205,51 @@ class LayerStager:
             if path is not None:
                 await asyncio.to_thread(write_json, path, diff.to_json())
             return diff
+
+    async def hand_off(self, files: dict[str, int]) -> None:
+        """The fill reserves these staged files (sha256 -> size) itself and links them
+        into ``blobs/``: their bytes leave the staging reservations (now for those staged
+        already, when staged for the rest), so the store counts them once. Not where the
+        link cannot be made (staging on another filesystem): the fill copies them."""
+        if self._space is None or self._root is None or not files:
+            return
+        try:
+            same = os.stat(self.staging()).st_dev == os.stat(self._root / "blobs").st_dev
+        except OSError:
+            same = False
+        if not same:
+            return
+        give = 0
+        for sha, size in files.items():
+            if sha in self._covered or sha in self._handed:
+                continue
+            if sha not in self._where and (self.staging() / sha).exists():
+                self._covered.add(sha)
+                give += size
+            else:
+                self._handed[sha] = size  # not staged yet: credited when it is
+        await asyncio.to_thread(self._give, give)
+
+    def _credit(self, diff: LayerDiff | None) -> int:
+        """Bytes of handed-off files that staging the layer of ``diff`` writes (not to be
+        reserved again: the fill's reservation counts them)."""
+        total = 0
+        for m in diff.members if diff is not None else ():
+            if m.kind == "file" and m.sha256 in self._handed and m.sha256 not in self._covered:
+                self._covered.add(m.sha256)
+                total += self._handed[m.sha256]
+        return total
+
+    def _give(self, n: int) -> None:
+        """Take ``n`` bytes off the unpacked-size reservations (as far as they hold)."""
+        for res, held in self._unpacked:
+            if n <= 0:
+                break
+            take = min(n, held[0])
+            if take:
+                self._space.hand_over(res, take)
+                held[0] -= take
+                n -= take
 
     async def _download(self, d: Descriptor, dest: Path, where: str) -> None:
         """The whole layer into ``dest``, checked against its digest."""
@@ -279,6 +347,24 @@ class LayerStager:
             err.need, err.free, err.evictable = exc.need, exc.free, exc.evictable
             raise err from None
 
+    def _grow(self, more: int, where: str) -> None:
+        """Reserve ``more`` bytes for a layer unpacking past its first estimate (in the
+        unpacking thread; ``InsufficientSpace`` stops it before those bytes are written)."""
+        if self._space is None:
+            return
+        try:
+            res = self._space.reserve(f"{where} (staging)", more, ())
+        except InsufficientSpace as exc:
+            err = InsufficientSpace(
+                f"{where}: the tar layer unpacks to more than its last gzip trailer says "
+                f"(several members), and there is no room for the rest under the store's "
+                f"tmp/; nothing more was unpacked and nothing was published. {exc}"
+            )
+            err.need, err.free, err.evictable = exc.need, exc.free, exc.evictable
+            raise err from None
+        self._reservations.append(res)
+        self._unpacked.append((res, [more]))
+
     async def _release(self, reservation: Any) -> None:
         if reservation is not None:
             await asyncio.to_thread(self._space.release, reservation)
@@ -291,6 +377,9 @@ class LayerStager:
             self._where.clear()
         while self._reservations:
             await self._release(self._reservations.pop())
+        self._unpacked.clear()
+        self._handed.clear()
+        self._covered.clear()
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None

@@ -151,6 +151,13 @@ class Space:
             tx.protect_blob(res.id, digest, size)
         return self.layout.blob(digest).exists()
 
+    def hand_over(self, res: Reservation, n: int) -> None:
+        """Stop counting ``n`` of ``res``'s bytes: another reservation of this process
+        counts them now (a staged tar member a fill links into ``blobs/``, reserved by the
+        fill, see ``sources.oci_stage``), so they are not reserved twice."""
+        with self.db.write() as tx:
+            tx.con.execute("UPDATE reservations SET bytes=max(0, bytes-?) WHERE id=?", (n, res.id))
+
     def release(self, res: Reservation | None, *, dropped: bool = False) -> None:
         """Drop the reservation (``dropped``: the caller's transaction already did, with
         the snapshot commit), then its lock."""
