@@ -53,8 +53,9 @@ _FIRST_ID = 1000
 _TOKENS = re.compile(r"\w{1,6}|[^\w\s]{1,6}|(?<!\s)\s\w{1,5}|(?<!\s)\s[^\w\s]{1,5}|\s{1,6}")
 _MAX_IDS = 1 << 17
 _MAX_WORDS = 1 << 17
-# ASCII whitespace other than the space (str.isspace, as the regex's ``\s``).
-_OTHER_SPACE = ("\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f")
+# ASCII whitespace other than the space (str.isspace, as the regex's ``\s``) next to a
+# space.
+_TOUCHING = re.compile("[\t\n\r\x0b\x0c\x1c-\x1f] | [\t\n\r\x0b\x0c\x1c-\x1f]")
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 
 # Generated text: one token per word (each at most 6 characters with its space).
@@ -101,7 +102,9 @@ def _split_ok(text: str) -> bool:
     """True when every space in ``text`` opens a piece: ASCII, no whitespace next to one."""
     if not text.isascii() or "  " in text:
         return False
-    return not any(c in text and (c + " " in text or " " + c in text) for c in _OTHER_SPACE)
+    if text.isprintable():  # ASCII printable: the space is its only whitespace
+        return True
+    return _TOUCHING.search(text) is None
 
 
 def _encode(text: str) -> list[int]:
