@@ -115,6 +115,7 @@ def test_one_pass_encoding_gives_the_reference_ids() -> None:
                 "\u00a0", "\u2003", "-", "'", "\"", "<|", "|>", "<|eot_id|>", "x" * 13,
                 " " * 7, " " * 13, "." * 9, "\r\n"]  # fmt: skip
     corpus = [ENGLISH, filler_text(0, 200), "", " ", "       hello", "a      b", "a" * 20]
+    corpus += ["x " + "y" * 100 + " z", "x " + "y" * 100 + " z"]  # a word too long to keep
     corpus += [render_chat([{"role": "user", "content": ENGLISH[:500]}])]
     ascii_only = [a for a in alphabet if a.isascii()]
     for _ in range(400):

@@ -20,7 +20,7 @@ before one opens its first chunk, and a longer whitespace run (one not preceded 
 whitespace opens it) is its own chunks. Faster still, an ASCII text in which no
 whitespace touches a space is cut at its spaces (``str.split``): each space then opens
 a piece, so every word with its leading space tokenizes alone, and a dictionary of word
--> ids (emptied at ``_MAX_WORDS`` entries) answers the words it has seen. The ids are
+-> ids (bounded; see ``_Words``) answers the words it has seen. The ids are
 identical (tests/unit/test_tokenizer.py checks them against the step-by-step algorithm
 over a corpus).
 
@@ -52,7 +52,8 @@ _FIRST_ID = 1000
 # characters of a whitespace run.
 _TOKENS = re.compile(r"\w{1,6}|[^\w\s]{1,6}|(?<!\s)\s\w{1,5}|(?<!\s)\s[^\w\s]{1,5}|\s{1,6}")
 _MAX_IDS = 1 << 17
-_MAX_WORDS = 1 << 17
+_MAX_WORDS = 1 << 16
+_MAX_WORD = 64
 # ASCII whitespace other than the space (str.isspace, as the regex's ``\s``), each with
 # itself before and after a space.
 _TOUCHING = tuple((c, c + " ", " " + c) for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")
@@ -85,12 +86,15 @@ _findall = _TOKENS.findall
 
 
 class _Words(dict[str, tuple[int, ...]]):
-    """word -> the ids of the word after a space; emptied at ``_MAX_WORDS`` entries."""
+    """word -> the ids of the word after a space; emptied at ``_MAX_WORDS`` entries, and
+    words over ``_MAX_WORD`` characters are not kept (the memory bound: ~25 MB)."""
 
     def __missing__(self, word: str) -> tuple[int, ...]:
-        if len(self) >= _MAX_WORDS:
-            self.clear()
-        ids = self[word] = tuple(map(_lookup, _findall(" " + word)))
+        ids = tuple(map(_lookup, _findall(" " + word)))
+        if len(word) <= _MAX_WORD:
+            if len(self) >= _MAX_WORDS:
+                self.clear()
+            self[word] = ids
         return ids
 
 
@@ -115,7 +119,6 @@ def _encode(text: str) -> list[int]:
     words = text.split(" ")
     out = list(map(_lookup, _findall(words[0])))
     if len(words) > 1:
-        words[0] = ""
         out.extend(chain.from_iterable(map(_word, islice(words, 1, None))))
     return out
 
