@@ -143,6 +143,12 @@ def main() -> None:
     t_old: list[float] = []
     t_new: list[float] = []
     t_off: list[float] = []
+    # The events-off decision by part: choose (of it, the prefix key alone, timed again
+    # apart), on_sent, on_done.
+    t_choose: list[float] = []
+    t_key: list[float] = []
+    t_sent: list[float] = []
+    t_done: list[float] = []
     for k, body in enumerate(stream):
         req = RouteRequest(f"r{k}", body=body)
         for inst in fleet:
@@ -160,10 +166,19 @@ def main() -> None:
         dt = (_now() - t0) / 1000
         t0 = _now()
         c2 = plain.choose(req, fleet)
+        t1 = _now()
         plain.on_sent(req, c2)
+        t2 = _now()
         plain.on_done(req, c2, ok=True, cached_tokens=None)
+        t3 = _now()
         if timed:
-            t_off.append((_now() - t0) / 1000)
+            t_off.append((t3 - t0) / 1000)
+            t_choose.append((t1 - t0) / 1000)
+            t_sent.append((t2 - t1) / 1000)
+            t_done.append((t3 - t2) / 1000)
+            t0 = _now()
+            plain.key(req)
+            t_key.append((_now() - t0) / 1000)
             t_dec.append(dt)
             t0 = _now()
             index.lookup(body, ids)
@@ -181,6 +196,10 @@ def main() -> None:
     )
     print(_row("decision (choose+on_sent+on_done, events on)", t_dec))
     print(_row("decision, events off (learned index only)", t_off))
+    print(_row("  part: choose", t_choose))
+    print(_row("    of it: prefix key (canonical text + chain)", t_key))
+    print(_row("  part: on_sent (index record, counts)", t_sent))
+    print(_row("  part: on_done", t_done))
     timed_ix = policy.precise  # type: ignore[attr-defined]
     print(
         _row(

@@ -88,3 +88,44 @@ def test_chat_bad_input_names_field(messages: object, field: str) -> None:
     """Malformed messages raise ConfigError naming the field."""
     with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         render_chat(messages)  # type: ignore[arg-type]
+
+
+def _reference_encode(text: str) -> list[int]:
+    """The algorithm of the module header step by step: pieces, 6-character chunks, crc32."""
+    import re
+    import zlib
+
+    out: list[int] = []
+    for i, part in enumerate(re.split("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")", text)):
+        if i % 2 == 1:
+            out.append(SPECIAL_TOKENS[part])
+            continue
+        for piece in re.findall(r"\s?\w+|\s?[^\w\s]+|\s+", part):
+            for j in range(0, len(piece), 6):
+                out.append(zlib.crc32(piece[j : j + 6].encode()) % 126_000 + 1000)
+    return out
+
+
+def test_one_pass_encoding_gives_the_reference_ids() -> None:
+    """The single-regex encoder gives exactly the piece-then-chunk ids on a varied corpus."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = ["a", "Z", "9", "_", " ", "  ", "\t", "\n", ".", ",", "!?", "é", "ß", "日本",
+                "\u00a0", "\u2003", "-", "'", "\"", "<|", "|>", "<|eot_id|>", "x" * 13,
+                " " * 7, " " * 13, "." * 9, "\r\n"]  # fmt: skip
+    corpus = [ENGLISH, filler_text(0, 200), "", " ", "       hello", "a      b", "a" * 20]
+    corpus += ["x " + "y" * 100 + " z", "x " + "y" * 100 + " z"]  # a word too long to keep
+    corpus += [render_chat([{"role": "user", "content": ENGLISH[:500]}])]
+    ascii_only = [a for a in alphabet if a.isascii()]
+    for _ in range(400):
+        corpus.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 80))))
+        words = (rng.choice(ascii_only) for _ in range(rng.randrange(1, 40)))
+        corpus.append(" ".join(words))
+        # Single spaces between words: the split-at-spaces path.
+        prose = ["hello", "a", "Z9_", "x" * 13, ".", "!?", "end.\nNext", "(ok)", "<|", "it's"]
+        line = " ".join(rng.choice(prose) for _ in range(rng.randrange(1, 40)))
+        corpus.append(rng.choice(["", " "]) + line + rng.choice(["", " ", "\n"]))
+    t = Tokenizer()
+    for text in corpus:
+        assert t.encode(text) == _reference_encode(text), repr(text)

@@ -192,6 +192,21 @@ def score(key: int, seed: int) -> int:
     return ((key ^ seed) * SCORE_MULTIPLIER) & MASK64
 
 
+def _leading(parts: Sequence[str], n: int) -> str:
+    """The first ``n`` characters of ``"".join(parts)``, joining only the parts needed."""
+    if len(parts) == 1:
+        text = parts[0]
+        return text if len(text) <= n else text[:n]
+    size = 0
+    k = 0
+    for k, part in enumerate(parts, 1):  # noqa: B007 (k is read after the loop)
+        size += len(part)
+        if size >= n:
+            break
+    text = "".join(parts[:k])
+    return text if size <= n else text[:n]
+
+
 class PrefixHasher:
     """Turns text into keyed chained block hashes; one per deployment secret ``salt``.
 
@@ -287,9 +302,9 @@ class PrefixHasher:
     ) -> PrefixKey:
         """``chain("".join(parts), ...)`` without joining; ``total`` is the joined length.
 
-        One incremental SHA-256 pass: each part is encoded once (only up to
-        ``prefix_length``), fed in slices of a memoryview, and each block's hash is a
-        ``digest()`` of the running state (hashlib finalises a copy).
+        One incremental SHA-256 pass: the parts up to ``prefix_length`` are joined and
+        encoded once, fed block by block in slices of a memoryview, and each block's
+        hash is a ``digest()`` of the running state (hashlib finalises a copy).
         """
         n = min(total, prefix_length)
         cuts = self.cuts(n, boundaries)
@@ -298,52 +313,22 @@ class PrefixHasher:
             return PrefixKey(
                 chain=(_u64(h.digest())[0],), prefix_chars=n, prompt_chars=total, cuts=(0,)
             )
-        out: list[int] = []
+        text = _leading(parts, n)
         update = h.update
         digest = h.digest
-        ncuts = len(cuts)
-        ci = 0
-        c = cuts[0]
-        pos = 0  # where the current part starts in the joined text
-        for part in parts:
-            if pos >= n:
-                break
-            plen = len(part)
-            end = pos + plen
-            if end > n:
-                part = part[: n - pos]
-                end = n
-            if c > end:  # no cut inside: one update
-                update(part.encode("utf-8", "surrogatepass"))
-                pos = end
-                continue
-            start = 0
-            if part.isascii():
-                view = memoryview(part.encode("ascii"))
-                while c <= end:
-                    update(view[start : c - pos])
-                    out.append(_u64(digest())[0])
-                    start = c - pos
-                    ci += 1
-                    if ci == ncuts:
-                        break
-                    c = cuts[ci]
-                if start < end - pos:
-                    update(view[start:])
-            else:
-                while c <= end:
-                    update(part[start : c - pos].encode("utf-8", "surrogatepass"))
-                    out.append(_u64(digest())[0])
-                    start = c - pos
-                    ci += 1
-                    if ci == ncuts:
-                        break
-                    c = cuts[ci]
-                if start < end - pos:
-                    update(part[start:].encode("utf-8", "surrogatepass"))
-            pos = end
-            if ci == ncuts:
-                break
+        out: list[int] = []
+        last = 0
+        if text.isascii():
+            view = memoryview(text.encode("ascii"))
+            for c in cuts:
+                update(view[last:c])
+                out.append(_u64(digest())[0])
+                last = c
+        else:
+            for c in cuts:
+                update(text[last:c].encode("utf-8", "surrogatepass"))
+                out.append(_u64(digest())[0])
+                last = c
         # Positional: a NamedTuple built with keywords costs twice as much.
         return PrefixKey(tuple(out), n, total, False, tuple(cuts))
 

@@ -14,6 +14,16 @@ Algorithm (GPT-2-style pre-tokenisation, then fixed-width pieces):
    characters per token, close to Llama-3's tokenizer.
 4. A chunk's id is ``crc32(chunk) mod 126000 + 1000``: stable, well spread, cheap.
 
+Cost: steps 2 and 3 are one regex (``_TOKENS``) whose matches are exactly the chunks:
+a run of word or punctuation characters is cut every 6, a single whitespace character
+before one opens its first chunk, and a longer whitespace run (one not preceded by
+whitespace opens it) is its own chunks. Faster still, an ASCII text in which no
+whitespace touches a space is cut at its spaces (``str.split``): each space then opens
+a piece, so every word with its leading space tokenizes alone, and a dictionary of word
+-> ids (bounded; see ``_Words``) answers the words it has seen. The ids are
+identical (tests/unit/test_tokenizer.py checks them against the step-by-step algorithm
+over a corpus).
+
 Decoding is not needed (the engine's output is filler text whose tokens it knows).
 """
 
@@ -21,8 +31,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from functools import lru_cache
-from itertools import chain
+from itertools import chain, islice
 
 __all__ = ["FILLER_IDS", "FILLER_WORDS", "SPECIAL_TOKENS", "Tokenizer", "filler_text"]
 
@@ -37,8 +46,17 @@ SPECIAL_TOKENS: dict[str, int] = {
 }
 _VOCAB = 126_000
 _FIRST_ID = 1000
-_CHUNK = 6
-_PIECES = re.compile(r"\s?\w+|\s?[^\w\s]+|\s+")
+# The 6-character chunks of the pieces ``\s?\w+|\s?[^\w\s]+|\s+`` in one pass: a
+# chunk inside a word or punctuation run, one opened by the single whitespace before
+# such a run (whitespace preceded by whitespace is inside a ``\s+`` piece), or up to 6
+# characters of a whitespace run.
+_TOKENS = re.compile(r"\w{1,6}|[^\w\s]{1,6}|(?<!\s)\s\w{1,5}|(?<!\s)\s[^\w\s]{1,5}|\s{1,6}")
+_MAX_IDS = 1 << 17
+_MAX_WORDS = 1 << 16
+_MAX_WORD = 64
+# ASCII whitespace other than the space (str.isspace, as the regex's ``\s``), each with
+# itself before and after a space.
+_TOUCHING = tuple((c, c + " ", " " + c) for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 
 # Generated text: one token per word (each at most 6 characters with its space).
@@ -48,14 +66,61 @@ FILLER_WORDS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-@lru_cache(maxsize=65536)
 def _chunk_id(chunk: str) -> int:
     return zlib.crc32(chunk.encode()) % _VOCAB + _FIRST_ID
 
 
-@lru_cache(maxsize=16384)
-def _piece_ids(piece: str) -> tuple[int, ...]:
-    return tuple(_chunk_id(piece[i : i + _CHUNK]) for i in range(0, len(piece), _CHUNK))
+class _Ids(dict[str, int]):
+    """chunk -> id, filled on a miss; emptied when it reaches ``_MAX_IDS`` entries."""
+
+    def __missing__(self, chunk: str) -> int:
+        if len(self) >= _MAX_IDS:
+            self.clear()
+        i = self[chunk] = _chunk_id(chunk)
+        return i
+
+
+_IDS = _Ids()
+_lookup = _IDS.__getitem__
+_findall = _TOKENS.findall
+
+
+class _Words(dict[str, tuple[int, ...]]):
+    """word -> the ids of the word after a space; emptied at ``_MAX_WORDS`` entries, and
+    words over ``_MAX_WORD`` characters are not kept (the memory bound: ~25 MB)."""
+
+    def __missing__(self, word: str) -> tuple[int, ...]:
+        ids = tuple(map(_lookup, _findall(" " + word)))
+        if len(word) <= _MAX_WORD:
+            if len(self) >= _MAX_WORDS:
+                self.clear()
+            self[word] = ids
+        return ids
+
+
+_WORDS = _Words()
+_word = _WORDS.__getitem__
+
+
+def _split_ok(text: str) -> bool:
+    """True when every space in ``text`` opens a piece: ASCII, no whitespace next to one."""
+    if not text.isascii() or "  " in text:
+        return False
+    if text.isprintable():  # ASCII printable: the space is its only whitespace
+        return True
+    # One fast scan per character kind; the pairs only for kinds present (most: "\n").
+    return not any(c in text and (a in text or b in text) for c, a, b in _TOUCHING)
+
+
+def _encode(text: str) -> list[int]:
+    """The ids of a text without special tokens."""
+    if not _split_ok(text):
+        return list(map(_lookup, _findall(text)))
+    words = text.split(" ")
+    out = list(map(_lookup, _findall(words[0])))
+    if len(words) > 1:
+        out.extend(chain.from_iterable(map(_word, islice(words, 1, None))))
+    return out
 
 
 class Tokenizer:
@@ -64,13 +129,14 @@ class Tokenizer:
     special_tokens = SPECIAL_TOKENS
 
     def encode(self, text: str) -> list[int]:
+        if "<|" not in text:
+            return _encode(text)
         out: list[int] = []
-        parts = _SPECIAL.split(text) if "<|" in text else [text]
-        for i, part in enumerate(parts):
+        for i, part in enumerate(_SPECIAL.split(text)):
             if i % 2 == 1:
                 out.append(SPECIAL_TOKENS[part])
-                continue
-            out.extend(chain.from_iterable(map(_piece_ids, _PIECES.findall(part))))
+            elif part:
+                out.extend(_encode(part))
         return out
 
     def count(self, text: str) -> int:

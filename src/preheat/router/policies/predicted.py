@@ -77,12 +77,16 @@ SHARE_WEIGHT = 0.1
 def block_tokens(pk: PrefixKey, body: Mapping[str, Any] | None) -> tuple[list[int], int]:
     """Estimated tokens of each hashed block, and of the rest (unhashed prompt + output)."""
     cuts = pk.cuts
-    sizes = [(c - (cuts[i - 1] if i else 0)) // CHARS_PER_TOKEN for i, c in enumerate(cuts)]
+    sizes: list[int] = []
+    prev = 0
+    for c in cuts[: len(pk.chain)]:
+        sizes.append((c - prev) // CHARS_PER_TOKEN)
+        prev = c
     tail = (pk.prompt_chars - cuts[-1]) // CHARS_PER_TOKEN
     out = body.get("max_tokens") if body is not None else None
-    if isinstance(out, int) and not isinstance(out, bool) and out > 0:
+    if type(out) is int and out > 0:
         tail += out
-    return sizes[: len(pk.chain)], max(tail, 0)
+    return sizes, max(tail, 0)
 
 
 class PredictedPlacement:
