@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import struct
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -243,23 +244,71 @@ def test_a_compressed_layer_that_fits_once_is_pulled_not_reserved_twice(
     reg: Registry, tmp_path: Path, compression: str
 ) -> None:
     """A 4 MiB model in a small compressed tar layer, into a 6 MiB store (room for it
-    once, not twice): its staged files become the blobs, so the pull succeeds, and again
-    after the snapshot is deleted (the listing is kept, so the layer is then staged during
-    the fill); nothing stays reserved."""
+    once, not twice): its staged files become the blobs, so the pull succeeds (its
+    reservation holding the model's bytes while it fills), and again after the snapshot
+    is deleted (the listing is kept, so the layer is then staged during the fill); nothing
+    stays reserved."""
     files = [("zeros.bin", bytes(4 * MiB)), ("w.bin", os.urandom(64 << 10))]
     layer = tar_layer(files, compression)
     assert len(layer) < MiB
     tag = f"models/once-{compression}:v1"
     reg.push_model_layers(tag, [ModelLayer(f"{WEIGHT}+{compression}", layer)])
     store = NodeStore(tmp_path / "store", capacity=6 * MiB, high_watermark=1.0)
+    assert min(_pulled_twice(reg, store, tag, files)) >= 4 * MiB
+
+
+def _pulled_twice(
+    reg: Registry, store: NodeStore, tag: str, files: list[tuple[str, bytes]]
+) -> list[int]:
+    """Pull ``tag`` into ``store`` twice, deleting the snapshot after each (so the second
+    stages its layer during the fill): ``files`` each time, then nothing reserved, staged
+    or used. Returns the bytes reserved at each pull's first fill report."""
+    held: list[int] = []
+    pulled: list[str] = []
+
+    def filling(done: int, total: int) -> None:
+        if len(held) == len(pulled):  # before any blob of this pull is published
+            held.append(store.usage().reserved)
+
     for _ in range(2):
-        got = store.pull(f"oci://{reg.ref(tag)}")
+        got = store.pull(f"oci://{reg.ref(tag)}", progress=filling)
+        pulled.append(got.manifest_digest)
         for name, data in files:
             assert (got.snapshot / name).read_bytes() == data
         assert store.usage().reserved == 0 and _staged(store) == []
         assert store.usage().used == sum(len(d) for _, d in files)
         store.delete(got.manifest_digest)
         assert store.usage().used == 0
+    assert len(held) == 2
+    return held
+
+
+@contextlib.contextmanager
+def _small_disk(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` (as root), unmounted afterwards."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_compressed_layer_that_fits_the_disk_once_is_pulled_not_reserved_twice(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """A 5 MiB model in a small tar+gzip layer, into a store with no capacity on an 8 MiB
+    tmpfs (room for it once, not twice): the staged files already on the disk are the
+    blobs the fill links, so the pull succeeds (its reservation still holds the model's
+    bytes while it fills: other fills see them taken), again after the snapshot is deleted
+    (the layer is then staged during the fill), and nothing stays reserved or staged."""
+    files = [("zeros.bin", bytes(5 * MiB)), ("w.bin", os.urandom(64 << 10))]
+    layer = tar_layer(files, "gzip")
+    assert len(layer) < MiB
+    reg.push_model_layers("models/disk-once:v1", [ModelLayer(f"{WEIGHT}+gzip", layer)])
+    with _small_disk(tmp_path / "mnt", "8m") as mnt:
+        store = NodeStore(mnt / "store", fsync=False)
+        assert min(_pulled_twice(reg, store, "models/disk-once:v1", files)) >= 5 * MiB
 
 
 def _gzip_members(raw: bytes, cuts: list[int]) -> bytes:

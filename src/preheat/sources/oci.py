@@ -161,6 +161,12 @@ class OciSource(RegistryBlobSource):
         await self.layers.stage(layer, compression, mode, f"{self.image_ref.name}@{layer.digest}")
         return self.layers.staged(sha)
 
+    def linked_bytes(self, blobs: Mapping[str, int]) -> int:
+        """Of the blobs a pull will fetch (sha256 -> size), the bytes already staged on the
+        store's filesystem, which ``take_file`` links into the fill instead of writing
+        (``LayerStager.on_disk``); the puller's disk check leaves them out."""
+        return self.layers.on_disk(blobs)
+
     async def take_file(self, location: Location, dest: Path) -> bool:
         """Hard-link the staged tar member at ``location`` to ``dest`` (the fill's
         partial file) instead of copying it: True when linked; False for anything else (a

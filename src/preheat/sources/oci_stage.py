@@ -47,7 +47,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +229,11 @@ class LayerStager:
             else:
                 self._handed[sha] = size  # not staged yet: credited when it is
         await asyncio.to_thread(self._give, give)
+
+    def on_disk(self, blobs: Mapping[str, int]) -> int:
+        """Bytes of ``blobs`` (sha256 -> size) staged on the store's filesystem and handed
+        off (``hand_off``): the fill links these, it does not write them."""
+        return sum(size for sha, size in blobs.items() if sha in self._covered)
 
     def _credit(self, diff: LayerDiff | None) -> int:
         """Bytes of handed-off files that staging the layer of ``diff`` writes (not to be

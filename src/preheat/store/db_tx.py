@@ -305,7 +305,11 @@ class Tx:
         self.con.execute(
             "INSERT INTO reservation_blobs(reservation, blob) VALUES (?,?)", (rid, digest)
         )
-        self.con.execute("UPDATE reservations SET bytes=max(0, bytes-?) WHERE id=?", (size, rid))
+        self.shrink_reservation(rid, size)
+
+    def shrink_reservation(self, rid: str, n: int) -> None:
+        """Reservation ``rid`` counts ``n`` bytes fewer (never below zero)."""
+        self.con.execute("UPDATE reservations SET bytes=max(0, bytes-?) WHERE id=?", (n, rid))
 
     def drop_reservation(self, rid: str) -> None:
         self.con.execute("DELETE FROM reservations WHERE id=?", (rid,))

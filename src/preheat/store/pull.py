@@ -114,7 +114,7 @@ class Puller:
             return PullResult(
                 self.layout.snapshot(known), res.revision, known, 0, total, time.monotonic() - t0
             )
-        manifest, wants, reservation = await asyncio.to_thread(self._prepare, ref, res)
+        manifest, wants, reservation = await asyncio.to_thread(self._prepare, ref, res, source)
         stats = FillStats(total=total)
         stats.reused = total - sum(w.size * len(w.paths) for w in wants.values())
         try:
@@ -168,13 +168,20 @@ class Puller:
         return known
 
     def _prepare(
-        self, ref: ArtifactRef, res: Resolution
+        self, ref: ArtifactRef, res: Resolution, source: Any
     ) -> tuple[Manifest, dict[str, _Want], Reservation]:
-        """Plan the fill and reserve its space (evicting if it must)."""
+        """Plan the fill and reserve its space (evicting if it must). A source with
+        ``linked_bytes`` (``oci://``: tar members it staged in the store's tmp/) says how
+        many of the wanted bytes are on the store's disk already, to be linked, not
+        written: the disk's free space is not asked to hold those twice."""
+        linked = getattr(source, "linked_bytes", None)
         for _attempt in range(3):
             manifest, wants, present = self._plan(res)
             need = sum(w.size for w in wants.values())
-            reservation = self.space.reserve(ref.text, need, present)
+            on_disk = 0
+            if linked is not None:
+                on_disk = linked({w.expected: w.size for w in wants.values() if w.expected})
+            reservation = self.space.reserve(ref.text, need, present, on_disk=on_disk)
             if all(self.layout.blob(d).exists() for d in present):
                 return manifest, wants, reservation
             # another process evicted a blob between our look and our reservation

@@ -90,12 +90,15 @@ class Space:
         self.capacity = capacity
         self.high_watermark = high_watermark
 
-    def usage_in(self, tx: Tx) -> Usage:
+    def usage_in(self, tx: Tx, *, on_disk: int = 0) -> Usage:
+        """Usage now; ``free`` is for a fill of which ``on_disk`` bytes are files already
+        on this filesystem that it links rather than writes (the disk has their room
+        already; the capacity counts them like any other reserved bytes)."""
         used = tx.used_bytes()
         reserved = tx.reserved_bytes()
         st = os.statvfs(self.layout.root)
         disk_free = st.f_bavail * st.f_frsize
-        free = disk_free - reserved
+        free = disk_free - reserved + on_disk
         if self.capacity is not None:
             free = min(free, int(self.capacity * self.high_watermark) - used - reserved)
         return Usage(self.capacity, self.high_watermark, used, reserved, disk_free, max(0, free))
@@ -108,10 +111,15 @@ class Space:
         with self.db.read() as tx:
             return plan_eviction(tx.infos(), tx.blob_sizes(), free_bytes, tx.protected_blobs())
 
-    def reserve(self, ref: str, need: int, present: Iterable[str]) -> Reservation:
+    def reserve(
+        self, ref: str, need: int, present: Iterable[str], *, on_disk: int = 0
+    ) -> Reservation:
         """Reserve ``need`` bytes, evicting by plan if needed; refuse with the numbers if even
         evicting everything evictable would not make room. Blobs in ``present`` are
-        protected from every eviction (this pull links them) until ``release``."""
+        protected from every eviction (this pull links them) until ``release``. Of
+        ``need``, ``on_disk`` bytes are files already on the store's filesystem that the
+        fill links into ``blobs/`` (staged tar members, see ``sources.oci_stage``): the
+        disk's free space need not hold them again, the capacity still counts them."""
         rid = uuid.uuid4().hex
         keep = set(present)
         lock = self.layout.tmp / f"reservation-{rid}.lock"
@@ -126,7 +134,7 @@ class Space:
                         tx.drop_reservation(r)
                         with contextlib.suppress(FileNotFoundError):
                             path.unlink()
-                u = self.usage_in(tx)
+                u = self.usage_in(tx, on_disk=min(max(0, on_disk), need))
                 if need > u.free:
                     protected = keep | tx.protected_blobs()
                     plan = plan_eviction(tx.infos(), tx.blob_sizes(), need - u.free, protected)
@@ -156,7 +164,7 @@ class Space:
         counts them now (a staged tar member a fill links into ``blobs/``, reserved by the
         fill, see ``sources.oci_stage``), so they are not reserved twice."""
         with self.db.write() as tx:
-            tx.con.execute("UPDATE reservations SET bytes=max(0, bytes-?) WHERE id=?", (n, res.id))
+            tx.shrink_reservation(res.id, n)
 
     def release(self, res: Reservation | None, *, dropped: bool = False) -> None:
         """Drop the reservation (``dropped``: the caller's transaction already did, with
