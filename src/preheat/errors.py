@@ -6,6 +6,7 @@
     │   ├── DigestMismatch(CacheError, ValueError)   bytes do not match the manifest digest
     │   ├── UnsafePath(CacheError, ValueError)       manifest path escapes the store root
     │   ├── InsufficientSpace(CacheError, OSError)   not enough room even after eviction
+    │   │   └── WarmupDeferred(InsufficientSpace)    warm-up: room only by evicting unused warmed copies
     │   ├── SnapshotNotFound(CacheError, KeyError)
     │   ├── SnapshotInUse(CacheError)                leased: cannot be deleted
     │   ├── RevisionChanged(CacheError)              ref moved away from a pinned revision
@@ -82,6 +83,11 @@ class InsufficientSpace(CacheError, OSError):
     need: int = 0
     free: int = 0
     evictable: int = 0
+
+
+class WarmupDeferred(InsufficientSpace):
+    """A warm-up would have to evict another warm-up's copy that no replica has used yet
+    (``runtime.warm_room``); it is retried later, not given up."""
 
 
 class SnapshotNotFound(CacheError, KeyError):

@@ -77,3 +77,14 @@ def test_nothing_needed_is_empty_plan() -> None:
     """Asking for zero bytes plans nothing."""
     plan = plan_eviction([snap("v1", {"a"}, 1)], {"a": 100}, 0)
     assert plan.empty and plan.enough
+
+
+def test_spared_snapshots_are_not_candidates() -> None:
+    """``spare`` (a warm-up's fill sparing unused warmed copies) skips those snapshots even
+    when they are oldest, and a plan that only they could complete is not enough."""
+    snaps = [snap("old", {"a"}, 10), snap("mid", {"b"}, 20), snap("new", {"c"}, 30)]
+    sizes = {k: SIZES[k] for k in "abc"}
+    plan = plan_eviction(snaps, sizes, 150, spare={"old"})
+    assert plan.snapshots == ("mid", "new") and set(plan.blobs) == {"b", "c"}
+    short = plan_eviction(snaps, sizes, 250, spare={"old"})
+    assert not short.enough and short.frees == 200 and "old" not in short.snapshots

@@ -1,6 +1,12 @@
 """The local fleet's peers: one blob server per node, who holds what, the origin budget.
 
-``FleetPeers`` is what a warm-up asks before it fills (``admit``) and what its fill asks
+``OriginGate`` is the origin budget alone (``peers: {enabled: false}``): every node
+fills from the origin, a warm-up waits until ``control.fanout.plan_fanout`` gives it a
+slot (holders are not peers here), and a replica's own pull on a cold node never waits
+but holds a slot while it fills, so warm-ups yield the origin to starts (as in
+``preheat sim coldstart``).
+
+``FleetPeers`` (an ``OriginGate`` with peers) is what a warm-up asks before it fills (``admit``) and what its fill asks
 for each piece (``candidates``, the ``sources.peer.PeerDirectory`` protocol):
 
 - every node's store is served by its own ``store.peer_server.PeerServer`` on
@@ -43,7 +49,7 @@ from preheat.store.fill import RateLimiter
 from preheat.store.layout import Layout
 from preheat.store.peer_server import PeerServer
 
-__all__ = ["Admission", "FleetPeers", "resolve_blobs"]
+__all__ = ["Admission", "FleetPeers", "OriginGate", "resolve_blobs"]
 
 _POLL = 0.25  # seconds between looks while a warm-up waits for a seed or a slot
 
@@ -84,7 +90,63 @@ class Admission:
     pinned: Resolution | None = None
 
 
-class FleetPeers:
+class OriginGate:
+    """The cluster-wide origin budget without peers (see the module docstring)."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        #: (node, revision) of origin fills running (warm-ups and replicas' own pulls).
+        self._running: set[tuple[str, str]] = set()
+        self._waiting: set[tuple[str, str]] = set()
+        self._changed = asyncio.Event()
+        self.origin_limiter = RateLimiter(budget.bandwidth) if budget.bandwidth else None
+
+    @property
+    def running(self) -> frozenset[tuple[str, str]]:
+        """(node, revision) of the origin fills holding a slot now."""
+        return frozenset(self._running)
+
+    def _why(self, what: str = "an origin slot") -> str:
+        return f"waiting for {what} ({len(self._running)} origin fill(s) running)"
+
+    async def _changes(self) -> None:
+        """Return when something changed, or after ``_POLL`` seconds."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), _POLL)
+
+    async def admit_origin(
+        self, node: str, revision: str, on_wait: Callable[[str], None], *, wait: bool = True
+    ) -> None:
+        """Take an origin slot for this fill, waiting for one (``wait``: a warm-up) or
+        taking it at once, over the budget if need be (a replica's own pull)."""
+        key = (node, revision)
+        if not wait:
+            self._running.add(key)
+            return
+        try:
+            while True:
+                self._waiting.add(key)
+                requests = [WarmRequest(n, r, frozenset({r})) for n, r in self._waiting]
+                if plan_fanout(requests, {}, self._running, self.budget)[key] is Mode.ORIGIN:
+                    self._running.add(key)
+                    return
+                on_wait(self._why())
+                await self._changes()
+        finally:
+            self._waiting.discard(key)
+
+    def release(self, node: str, revision: str) -> None:
+        """A fill ended (either way): its origin slot, if any, is free again."""
+        self._running.discard((node, revision))
+        self._changed.set()
+
+    def wake(self) -> None:
+        """Something changed (a blob was published): waiting warm-ups look again."""
+        self._changed.set()
+
+
+class FleetPeers(OriginGate):
     """See the module docstring. ``nodes()`` gives name -> (store layout, up) now."""
 
     def __init__(
@@ -95,7 +157,7 @@ class FleetPeers:
         *,
         seed_stall: float = 20.0,
     ) -> None:
-        self.budget = budget
+        super().__init__(budget)
         #: Seconds a ``peer`` fill waits for a seed that lands no piece (then: origin).
         self.seed_stall = seed_stall
         #: Whether a seed still filling counts as a source (False: receivers wait for a
@@ -106,17 +168,14 @@ class FleetPeers:
         self._token = secrets.token_urlsafe(32)
         self._client = PeerClient(self._token)
         self._members: dict[str, _Member] = {}
-        self._running: set[tuple[str, str]] = set()
         self._pending: dict[tuple[str, str], frozenset[str]] = {}
         self._blobs: dict[str, frozenset[str]] = {}
         self._resolutions: dict[str, Resolution] = {}
         #: (node, revision) of origin fills running -> the blobs they fetch (seeds).
         self._filling: dict[tuple[str, str], frozenset[str]] = {}
-        self._changed = asyncio.Event()
         self._start_lock = asyncio.Lock()
         #: peer -> why it is avoided (it served bytes that failed verification).
         self.avoided: dict[str, str] = {}
-        self.origin_limiter = RateLimiter(budget.bandwidth) if budget.bandwidth else None
 
     # --- servers --------------------------------------------------------------------
 
@@ -203,25 +262,15 @@ class FleetPeers:
                     )
                     pinned = self._resolutions.get(revision) if peer else None
                     return Admission(mode, fill, self.origin_limiter, pinned)
-                on_wait(
-                    "waiting for a peer to hold the model or an origin slot "
-                    f"({len(self._running)} origin fill(s) running)"
-                )
-                self._changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), _POLL)
+                on_wait(self._why("a peer to hold the model or an origin slot"))
+                await self._changes()
         finally:
             self._pending.pop(key, None)
 
     def release(self, node: str, revision: str) -> None:
         """A warm-up ended (either way): its origin slot, if any, is free again."""
-        self._running.discard((node, revision))
         self._filling.pop((node, revision), None)
-        self._changed.set()
-
-    def wake(self) -> None:
-        """Something changed (a blob was published): waiting warm-ups look again."""
-        self._changed.set()
+        super().release(node, revision)
 
     # --- PeerDirectory --------------------------------------------------------------
 

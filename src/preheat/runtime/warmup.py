@@ -19,6 +19,15 @@ peers that hold or are seeding every blob it lacks; the view and the replica's d
 say so), then fills piece by piece from peers first, the origin last. A cold replica
 therefore reads from the origin only when no other up node holds or seeds the
 revision (the fleet's first copy), and completes from peers while the origin is down.
+With peers off every pull fills from the origin, and the budget still holds
+(``runtime.peering.OriginGate``): a warm-up waits for an origin slot, a replica's own
+pull takes one at once (and does not wait behind a warm-up still waiting for its slot),
+so warm-ups yield the origin to starts.
+
+A warm-up's fill never evicts another warm-up's copy that no replica has used yet
+(``runtime.warm_room``); it waits instead (``failed`` with the reason, retried with the
+backoff; not ``unfit``, so a replica may still be placed there). A replica's own pull
+evicts as before.
 Each finished warm-up is a ``WarmupRecord`` (seconds, ``bytes_from`` per source) in
 ``FleetState.warmups``; origin bytes per (node, revision) stay in
 ``FleetState.origin_bytes``.
@@ -39,11 +48,12 @@ from collections.abc import Callable
 
 from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
-from preheat.errors import FetchError, InsufficientSpace, PreheatError
+from preheat.errors import FetchError, InsufficientSpace, PreheatError, WarmupDeferred
 from preheat.runtime.image_warmup import ImageWarmer
 from preheat.runtime.model import FleetState, Node, Replica, WarmState, cache_view
 from preheat.runtime.nodestore import PullOutcome
-from preheat.runtime.peering import FleetPeers
+from preheat.runtime.peering import FleetPeers, OriginGate
+from preheat.runtime.warm_room import WarmCopies
 from preheat.store.fill import RateLimiter
 from preheat.store.layout import Layout
 from preheat.telemetry.inventory import WarmupFailure
@@ -73,12 +83,15 @@ class Warmer:
             if cluster.peers.enabled
             else None
         )
-        budget_bw = cluster.origin.budget.bandwidth
-        self.origin_limiter = (
-            self.peers.origin_limiter
-            if self.peers is not None
-            else (RateLimiter(budget_bw) if budget_bw else None)
+        #: The origin budget: the fan-out's, or ``OriginGate`` alone with peers off.
+        self.gate: OriginGate = (
+            self.peers if self.peers is not None else OriginGate(cluster.origin.budget)
         )
+        self.origin_limiter: RateLimiter | None = self.gate.origin_limiter
+        #: Warm-ups' copies no replica has used yet (spared by other warm-ups' fills).
+        self.copies = WarmCopies()
+        #: (node, revision) of warm-ups waiting for an origin slot (peers off).
+        self._held: set[tuple[str, str]] = set()
 
     def _peer_nodes(self) -> dict[str, tuple[Layout, bool]]:
         return {
@@ -142,10 +155,23 @@ class Warmer:
                 on_wait(why)
 
         admission = None
+        gated = False
+        key = (node.name, revision)
         try:
             if self.peers is not None:
                 admission = await self.peers.admit(node.name, revision, rv.source, waiting)
                 node.views[revision] = cache_view(WarmState.WARMING)
+            else:
+                if fan_out:
+                    self._held.add(key)
+                try:
+                    await self.gate.admit_origin(node.name, revision, waiting, wait=fan_out)
+                finally:
+                    self._held.discard(key)
+                gated = True
+                node.views[revision] = cache_view(WarmState.WARMING)
+            if fan_out:
+                await self._make_room(node, revision, rv.model_bytes)
             outcome = await node.cache.pull(
                 rv.source,
                 revision,
@@ -154,6 +180,18 @@ class Warmer:
                 origin_limiter=self.origin_limiter,
                 pinned=admission.pinned if admission is not None else None,
             )
+        except WarmupDeferred as exc:
+            # Not unfit (a replica may still start here and evict): retried with backoff.
+            why = redact_url(str(exc))
+            n = node.warm_failures[revision]
+            node.warm_failures[revision] += 1
+            delay = backoff(n)
+            node.views[revision] = cache_view(
+                WarmState.FAILED, reason=why, retry_at=st.clock.now() + delay
+            )
+            if n == 0:
+                st.say(f"warm-up of {revision[:12]} on {node.name} waits: {why}")
+            raise
         except InsufficientSpace as exc:
             why = redact_url(str(exc))
             node.views[revision] = cache_view(WarmState.UNFIT, reason=why)
@@ -175,8 +213,8 @@ class Warmer:
             raise
         finally:
             node.progress.pop(revision, None)
-            if admission is not None and self.peers is not None:
-                self.peers.release(node.name, revision)
+            if admission is not None or gated:
+                self.gate.release(node.name, revision)
         node.warm_failures.pop(revision, None)
         if admission is not None and (admission.fill.peer_failures or admission.fill.seed_stalls):
             fill = admission.fill
@@ -207,6 +245,10 @@ class Warmer:
         weights = st.spec.cache.weights
         if weights.pin:
             await asyncio.to_thread(node.cache.pin, revision, weights.priority)
+        if fan_out and outcome.bytes_fetched:
+            await asyncio.to_thread(
+                self.copies.record, node.name, node.cache.store, outcome.manifest_digest
+            )
         st.wake()
         return outcome
 
@@ -231,12 +273,19 @@ class Warmer:
             f"{format_size(outcome.bytes_reused)} reused, {outcome.seconds:.1f} s"
         )
 
+    async def _make_room(self, node: Node, revision: str, size: int) -> None:
+        """Room for a warm-up's fill that spares the unused warmed copies (``warm_room``)."""
+        await asyncio.to_thread(
+            self.copies.make_room, node.name, node.cache.store, size, revision[:12]
+        )
+
     async def pull_for_replica(self, r: Replica, node: Node) -> PullOutcome:
         """A replica on a cold node fetches the revision itself (peers first, then the
         origin), waiting out a failed pull (status shows why) until the replica is stopped."""
         # Share a warm-up that is already running on this node.
         task = node.warm_tasks.get(r.revision)
-        if task is not None and not task.done():
+        held = (node.name, r.revision) in self._held  # waits for an origin slot: go first
+        if task is not None and not task.done() and not held:
             r.detail = "waiting for this node's warm-up"
             with contextlib.suppress(Exception):
                 await asyncio.shield(task)

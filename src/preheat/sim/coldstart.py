@@ -88,7 +88,8 @@ class ColdStartSetup:
     #: Origin fills at once over the fleet under which a warm-up may start
     #: (``control.fanout.Budget``, admitted by the executor as the live node agent does;
     #: replicas' own fills count, so warm-ups yield the origin to starts); ``None``: every
-    #: warm-up at once (local and Kubernetes mode with peers off, which admit none).
+    #: warm-up at once (what the Kubernetes agent still does with peers off; the local
+    #: fleet admits through the budget with peers off too, ``runtime.peering.OriginGate``).
     #: ``coldstart_files.prepare`` (and the CLI) default to ``auto``.
     warm_budget: int | None = None
 

@@ -76,7 +76,7 @@ class NodeDisk:
     def holds(self, revision: str) -> bool:
         return revision in self.snaps
 
-    def infos(self, keep: frozenset[str] = frozenset()) -> list[SnapshotInfo]:
+    def infos(self) -> list[SnapshotInfo]:
         return [
             SnapshotInfo(
                 digest=rev,
@@ -90,7 +90,6 @@ class NodeDisk:
                 blobs=frozenset({rev}),
             )
             for rev, s in self.snaps.items()
-            if rev not in keep
         ]
 
     def reserve(
@@ -109,9 +108,12 @@ class NodeDisk:
         need = size - self.free
         evicted: list[Eviction] = []
         if need > 0:
-            keep = frozenset(r for r, s in self.snaps.items() if warm_up and not s.used)
-            blob_sizes = {rev: s.size for rev, s in self.snaps.items() if rev not in keep}
-            plan = plan_eviction(self.infos(keep), blob_sizes, need, protected=self.reserved)
+            # the live warm-up's rule too (``runtime.warm_room``): ``spare`` unused copies
+            spare = [r for r, s in self.snaps.items() if warm_up and not s.used]
+            blob_sizes = {rev: s.size for rev, s in self.snaps.items()}
+            plan = plan_eviction(
+                self.infos(), blob_sizes, need, protected=self.reserved, spare=spare
+            )
             if not plan.enough:
                 return Refusal(
                     f"{self.name} has {_gb(self.free)} free and only "

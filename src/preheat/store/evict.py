@@ -4,7 +4,9 @@ Algorithm (``plan_eviction``):
 
 1. Blobs that no snapshot references (left by an interrupted fill or a deleted snapshot)
    go first: they cost nothing to lose.
-2. Candidates are the snapshots that are neither pinned nor leased. They are taken in
+2. Candidates are the snapshots that are neither pinned nor leased (nor in ``spare``: a
+   warm-up's fill spares other warm-ups' copies no replica has used yet,
+   ``runtime.warm_room``). They are taken in
    order of priority (lowest first), then least recent use (oldest first), then digest
    (a stable tie-break).
 3. Removing a snapshot frees the blobs that no *remaining* snapshot shares, except blobs
@@ -78,12 +80,15 @@ def plan_eviction(
     blob_sizes: Mapping[str, int],
     need: int,
     protected: Iterable[str] = (),
+    spare: Iterable[str] = (),
 ) -> EvictionPlan:
-    """The smallest prefix of the eviction order that frees ``need`` bytes (see module doc)."""
+    """The smallest prefix of the eviction order that frees ``need`` bytes (see module doc);
+    ``protected``: blobs to keep, ``spare``: snapshot digests that are not candidates."""
     if need <= 0:
         return EvictionPlan(need=need, snapshots=(), blobs=(), frees=0)
     snaps = list(snapshots)
     keep = frozenset(protected)
+    spared = frozenset(spare)
     refcount: dict[str, int] = {}
     for s in snaps:
         for b in s.blobs:
@@ -98,6 +103,8 @@ def plan_eviction(
             frees += blob_sizes[b]
     chosen: list[str] = []
     for s in eviction_order(snaps):
+        if s.digest in spared:
+            continue
         if frees >= need:
             break
         chosen.append(s.digest)
