@@ -10,6 +10,9 @@ per-instance share over the mean, and the oracle bound. Like with like: preheat
 counterpart and is shown without a ratio. Peers run with their default retries.
 
     .venv/bin/python benchmarks/router_cache.py --n 300 --concurrency 14 --json out.json
+
+``--pythonpath DIR`` runs the engines and preheat's routers from another checkout's
+``src`` (e.g. the untouched base, for a before/after of a policy change in one shell).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -119,7 +123,13 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write all results here")
+    ap.add_argument(
+        "--pythonpath", help="PYTHONPATH of the engines and preheat routers (another src)"
+    )
     args = ap.parse_args()
+    if args.pythonpath:
+        # The engine and router processes inherit it (preheat.testing.procs).
+        os.environ["PYTHONPATH"] = args.pythonpath
     console = Console()
     console.print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
     results: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}, "runs": {}}
@@ -176,6 +186,7 @@ def main() -> None:
                 console.print(
                     f"  {wl}: {a} vs {b}: hit rate {ra['hit_rate']:.3f} vs {rb['hit_rate']:.3f}{hit}, "
                     f"TTFT p50 {(ra['ttft_p50_s'] or 0) * 1e3:.0f} vs {(rb['ttft_p50_s'] or 0) * 1e3:.0f} ms, "
+                    f"p90 {(ra['ttft_p90_s'] or 0) * 1e3:.0f} vs {(rb['ttft_p90_s'] or 0) * 1e3:.0f} ms, "
                     f"max share {ra['max_share_ratio']:.2f} vs {rb['max_share_ratio']:.2f}"
                 )
     if args.json:
