@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.core.chat import render_chat
-from preheat.engine.core.tokenizer import Tokenizer
+from preheat.engine.core.tokenizer import SPECIAL_TOKENS, Tokenizer
 from preheat.errors import ConfigError
 from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
 
@@ -42,7 +42,7 @@ DEFAULT_CHAT_MAX_TOKENS = 128
 _EOT = "<|eot_id|>"
 # A memoised piece: its node id, the cumulative tokens and full-block hashes through it.
 _Node = tuple[int, tuple[int, ...], tuple[int, ...]]
-_SPECIAL = re.compile("(" + "|".join(map(re.escape, Tokenizer.special_tokens)) + ")")
+_SPECIAL = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
 _SHORT = 64  # text parts up to this many characters are kept in the parts table
 _PARTS_MAX = 4096  # entries in the parts table before it is emptied
 
@@ -153,7 +153,7 @@ class PromptBuilder:
         # encodings in order (tests/unit/test_sim_prompts.py checks it on every workload).
         if "<|" not in piece:
             return tuple(self.tokenizer.encode(piece))
-        special = self.tokenizer.special_tokens
+        special = SPECIAL_TOKENS
         parts = self._parts
         enc = self.tokenizer.encode
         out: list[int] = []
