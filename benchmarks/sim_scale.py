@@ -4,6 +4,10 @@ instances, and the 1M-request x 128-instance run (CPU seconds of one process).
     .venv/bin/python benchmarks/sim_scale.py decision --sizes 8,64,128,512
     .venv/bin/python benchmarks/sim_scale.py table --sizes 64,512
     .venv/bin/python benchmarks/sim_scale.py million --requests 1000000 --instances 128
+    .venv/bin/python benchmarks/sim_scale.py million --requests 1000000 --compiled
+
+``--compiled`` runs on the mypyc-compiled copy of the hot modules that
+``benchmarks/compiled.py`` builds (or reuses) under ``~/.cache/preheat/compiled/``.
 
 Times are ``time.process_time`` (CPU of this process: what one core spends) next to
 wall time; on a shared machine wall time also counts the other processes' turns.
@@ -15,8 +19,10 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +138,29 @@ def million(args: argparse.Namespace) -> dict[str, Any]:
     return s | {"generate_cpu_s": gen, "workload": kw}
 
 
+def _on_compiled(argv: list[str]) -> None:
+    """Run this script again with the compiled copy first on ``PYTHONPATH``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compiled import build
+
+    where = build()
+    env = os.environ | {"PYTHONPATH": str(where), "PREHEAT_COMPILED": str(where)}
+    os.execve(sys.executable, [sys.executable, __file__, *argv], env)
+
+
+def _check_compiled() -> str | None:
+    where = os.environ.get("PREHEAT_COMPILED")
+    if where is None:
+        return None
+    import preheat.kvcache
+    import preheat.sim.routing
+
+    for mod in (preheat.kvcache, preheat.sim.routing):
+        if not (mod.__file__ or "").startswith(where) or not (mod.__file__ or "").endswith(".so"):
+            raise SystemExit(f"--compiled: {mod.__name__} came from {mod.__file__}, not {where}")
+    return where
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("decision", "table", "million"))
@@ -146,9 +175,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile-out", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--compiled", action="store_true", help="run on the mypyc-compiled copy")
     args = ap.parse_args()
+    if args.compiled and "PREHEAT_COMPILED" not in os.environ:
+        _on_compiled(sys.argv[1:])
+    compiled = _check_compiled()
+    print(f"code: {'compiled ' + compiled if compiled else 'pure Python'}")
     print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
     result = {"decision": decision, "table": table, "million": million}[args.what](args)
+    result["compiled"] = compiled
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                                          "profile_out": str(args.profile_out)},

@@ -307,13 +307,15 @@ class KVCache:
         cached = self._cached
         empty = self._empty
         for b in reversed(blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                if hashed[b] is None:
-                    # Empty blocks go to the front: reuse them before evicting cached ones.
-                    empty.append(b)
-                else:
-                    cached[b] = None
+            r = ref[b] - 1
+            ref[b] = r
+            if r:
+                continue
+            if hashed[b] is None:
+                # Empty blocks go to the front: reuse them before evicting cached ones.
+                empty.append(b)
+            else:
+                cached[b] = None
         return len(blocks)
 
     def reset(self) -> None:

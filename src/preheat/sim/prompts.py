@@ -14,17 +14,23 @@ earlier messages reuses them and hashes only its new blocks (``block_hashes`` wi
 ``parent``), which gives the same chain as hashing the whole prompt. The piece after
 the last message (the generation prompt) is never a later prompt's prefix and is not
 kept. Completions prompts have no safe cut and are encoded whole.
+
+A new piece is cut the same way at every special token (the role headers) and each
+text part between them is encoded by the tokenizer; short parts (a role name, the
+generation prompt's parts) are kept in a small table, so a piece costs one ``encode``
+of its content.
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.core.chat import render_chat
-from preheat.engine.core.tokenizer import Tokenizer
+from preheat.engine.core.tokenizer import SPECIAL_TOKENS, Tokenizer
 from preheat.errors import ConfigError
 from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
 
@@ -36,6 +42,9 @@ DEFAULT_CHAT_MAX_TOKENS = 128
 _EOT = "<|eot_id|>"
 # A memoised piece: its node id, the cumulative tokens and full-block hashes through it.
 _Node = tuple[int, tuple[int, ...], tuple[int, ...]]
+_SPECIAL = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
+_SHORT = 64  # text parts up to this many characters are kept in the parts table
+_PARTS_MAX = 4096  # entries in the parts table before it is emptied
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,7 @@ class PromptBuilder:
         self._memo: OrderedDict[tuple[int, str | None, str], _Node] = OrderedDict()
         self._held = 0
         self._next_id = 1
+        self._parts: dict[str, tuple[int, ...]] = {}
 
     def build(self, path: str | None, body: Mapping[str, Any]) -> Prompt:
         """The engine's view of ``body`` sent to ``path`` (``None``: chat if the body has
@@ -120,7 +130,7 @@ class PromptBuilder:
                 memo.move_to_end(key)
                 node, tokens, hashes = hit
                 continue
-            tokens = tokens + tuple(self.tokenizer.encode(piece))
+            tokens = tokens + self._encode(piece)
             start = len(hashes) * bs
             full = len(tokens) // bs * bs
             if full > start:
@@ -137,3 +147,26 @@ class PromptBuilder:
                 _, (_, old, _) = memo.popitem(last=False)
                 self._held -= len(old)
         return tokens, hashes
+
+    def _encode(self, piece: str) -> tuple[int, ...]:
+        # Tokenizer.encode(piece): special tokens are separators, so it is the parts'
+        # encodings in order (tests/unit/test_sim_prompts.py checks it on every workload).
+        if "<|" not in piece:
+            return tuple(self.tokenizer.encode(piece))
+        special = SPECIAL_TOKENS
+        parts = self._parts
+        enc = self.tokenizer.encode
+        out: list[int] = []
+        for i, part in enumerate(_SPECIAL.split(piece)):
+            if i % 2:
+                out.append(special[part])
+            elif len(part) > _SHORT:
+                out += enc(part)
+            elif part:
+                ids = parts.get(part)
+                if ids is None:
+                    if len(parts) >= _PARTS_MAX:
+                        parts.clear()
+                    ids = parts[part] = tuple(enc(part))
+                out += ids
+        return tuple(out)

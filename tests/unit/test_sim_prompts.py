@@ -1,0 +1,54 @@
+"""The simulator's prompt builder: its memo and parts table give the engine's exact tokens."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from preheat.bench.routing import prompt_tokens
+from preheat.bench.workloads import WORKLOADS
+from preheat.engine.core.chat import render_chat
+from preheat.engine.core.tokenizer import SPECIAL_TOKENS, Tokenizer
+from preheat.kvcache import block_hashes
+from preheat.sim import prompts
+from preheat.sim.prompts import PromptBuilder
+
+# Text with the tokenizer's hard cases: special tokens inside content, a lone "<|",
+# runs of whitespace and punctuation, non-ASCII letters.
+_ATOMS = st.sampled_from(
+    [*SPECIAL_TOKENS, "<|", "|>", " ", "\n\n", "  ", "word", " caching", "!?", "é", "x" * 70]
+)
+_TEXT = st.lists(_ATOMS, max_size=12).map("".join)
+_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": _TEXT}
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def test_every_workload_gets_the_engines_tokens_with_a_full_parts_table(monkeypatch) -> None:
+    """Every workload's bodies give the engine's tokens and hashes, twice over (memo and
+    parts-table hits), with a parts table small enough to be emptied many times."""
+    monkeypatch.setattr(prompts, "_PARTS_MAX", 3)
+    b = PromptBuilder(memo_tokens=50_000)
+    for name in sorted(WORKLOADS):
+        work = WORKLOADS[name](30, seed=5)
+        for w in [*work, *work]:
+            p = b.build(w.path, w.body)
+            ref = prompt_tokens(w)
+            assert list(p.tokens) == ref, (name, w.request_id)
+            assert list(p.hashes) == block_hashes(ref), (name, w.request_id)
+
+
+@settings(max_examples=150, deadline=None)
+@given(convs=st.lists(_MESSAGES, min_size=1, max_size=3))
+def test_chat_tokens_equal_one_encode_of_the_rendered_prompt(convs) -> None:
+    """For any messages (special tokens and "<|" in the content included), the builder's
+    tokens equal ``Tokenizer.encode`` of the whole rendered prompt, cold and memoised."""
+    b = PromptBuilder()
+    tok = Tokenizer()
+    for messages in [*convs, *convs]:
+        p = b.build(None, {"messages": messages})
+        assert list(p.tokens) == tok.encode(render_chat(messages))
