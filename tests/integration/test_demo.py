@@ -51,7 +51,9 @@ def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
     assert set(cold["stages"]) >= {"weights_ready", "runtime_started", "healthy"}
     # 32 MiB at 8 MiB/s: the cold download alone takes about 4 s.
     assert cold["stages"]["weights_ready"] > 3.0
-    assert cold["ready"] > 2 * warm["ready"]
+    # The warm start skips that download; the rest (engine start) is alike, and slow
+    # alike on a loaded machine, so compare by difference, not ratio.
+    assert cold["ready"] > warm["ready"] + 2.0
     # the changed shard crosses the origin once; peers carry it to the other nodes
     assert s["rollout_bytes_fetched"] == s["rollout_changed_shard_bytes"]
     assert s["readiness_seconds"]["new_node"]["node"] == "node-4"
