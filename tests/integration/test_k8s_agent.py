@@ -267,6 +267,10 @@ def test_restarted_agent_fetches_nothing_and_writes_no_status(
     resourceVersion)."""
     agent = agents["agt-b"]
     until("agt-b Ready", lambda: _ready_revision(kube, "agt-b", model.revision))
+    # Settled: a write already under way when Ready showed lands within two passes
+    # (under load one more write was seen there); count from after them.
+    settle = agent.metric("preheat_agent_reconciles_total")
+    until("agt-b settles", lambda: agent.metric("preheat_agent_reconciles_total") >= settle + 2)
     # In steady state three more reconcile passes write no status (no churn).
     writes, passes = (
         agent.metric(f"preheat_agent_{m}_total") for m in ("status_writes", "reconciles")
