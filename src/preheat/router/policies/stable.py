@@ -90,6 +90,7 @@ from preheat.router.policies.stable_traffic import (
 from preheat.router.policies.stable_weights import (
     BALANCE_FLOOR,
     BALANCE_GAIN,
+    FleetWeights,
     balance_weights,
     capacity_weights,
 )
@@ -111,6 +112,8 @@ __all__ = [
 _MUL = SCORE_MULTIPLIER
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
+# A skipped instance's score bound must beat the best by more than a few rounding steps.
+_MARGIN = 1.0 + 1e-9
 
 
 class Loads(Protocol):
@@ -292,6 +295,21 @@ class StablePlacement:
         as ``max`` does."""
         if w is None:
             return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+        if isinstance(w, FleetWeights) and len(members) == len(seeds):
+            # Every instance (members is range(n)): visit them by plain score, best first;
+            # once the largest weight over this one's divisor cannot reach the best score,
+            # no later one can (their divisors are larger), so most weights are never read.
+            us = [((h ^ s) * _MUL) & MASK64 for s in seeds]
+            top = w.bound() * _MARGIN
+            best, bj = -1.0, -1
+            for j in sorted(range(len(us)), key=us.__getitem__, reverse=True):
+                lj = -log((us[j] + 0.5) / _TWO64)
+                if top / lj < best:
+                    break
+                s = w[j] / lj
+                if s > best or (s == best and j < bj):
+                    best, bj = s, j
+            return bj
         sc = [
             wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
             for j, wj in zip(members, w, strict=True)
@@ -324,7 +342,7 @@ class StablePlacement:
         recent: Sequence[float],
         g: float,
         only: Sequence[int] | None = None,
-    ) -> list[float] | None:
+    ) -> Sequence[float] | None:
         """Capacity weights times the balance term (stable_weights.py); of the positions
         ``only``, in that order (None: every instance). ``recent`` and ``g``, the
         policy's plain request counts, are not read: the load is ``self.load``'s."""
