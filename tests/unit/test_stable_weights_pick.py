@@ -56,3 +56,28 @@ def test_equal_weights_fall_to_the_plain_score_order() -> None:
     pk = PrefixKey((12345,), 100, 100, cuts=(100,))
     lazy = FleetWeights(None, [5.0] * n, 5.0, 0.4)
     assert _pick(pk, lazy, n) == _pick(pk, None, n) == _pick(pk, list(lazy), n)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(2, 64),
+    key=st.integers(0, (1 << 64) - 1),
+    gain=st.sampled_from([0.0, 0.5, 20.0]),
+    seed=st.integers(0, 1 << 30),
+)
+def test_lazy_pick_in_a_hot_set_keeps_the_members_order_on_ties(
+    n: int, key: int, gain: float, seed: int
+) -> None:
+    """Of a narrowed set in any order, the lazy pick is the full list's (first of equals)."""
+    rng = random.Random(seed)
+    members = rng.sample(range(128), n)
+    loads = [float(rng.randrange(2)) for _ in range(n)]
+    mean = sum(loads) / n + rng.uniform(0, 1)
+    lazy = FleetWeights(None, loads, mean, gain / max(mean, 1.0))
+    got = StablePlacement._best(key, SEEDS, members, lazy)
+    assert got == StablePlacement._best(key, SEEDS, members, list(lazy))
+    # Equal weights: the plain rendezvous order decides, the first member on a tie.
+    same = FleetWeights(None, [1.0] * n, 1.0, 0.5)
+    assert StablePlacement._best(key, SEEDS, members, same) == StablePlacement._best(
+        key, SEEDS, members, None
+    )

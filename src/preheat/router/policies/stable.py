@@ -295,21 +295,21 @@ class StablePlacement:
         as ``max`` does."""
         if w is None:
             return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
-        if isinstance(w, FleetWeights) and len(members) == len(seeds):
-            # Every instance (members is range(n)): visit them by plain score, best first;
-            # once the largest weight over this one's divisor cannot reach the best score,
-            # no later one can (their divisors are larger), so most weights are never read.
-            us = [((h ^ s) * _MUL) & MASK64 for s in seeds]
+        if isinstance(w, FleetWeights):
+            # Visit the members by plain score, best first; once the largest weight over
+            # this one's divisor cannot reach the best score, no later one can (their
+            # divisors are larger), so most weights are never read.
+            us = [((h ^ seeds[j]) * _MUL) & MASK64 for j in members]
             top = w.bound() * _MARGIN
-            best, bj = -1.0, -1
-            for j in sorted(range(len(us)), key=us.__getitem__, reverse=True):
-                lj = -log((us[j] + 0.5) / _TWO64)
-                if top / lj < best:
+            best, bi = -1.0, -1
+            for i in sorted(range(len(us)), key=us.__getitem__, reverse=True):
+                li = -log((us[i] + 0.5) / _TWO64)
+                if top / li < best:
                     break
-                s = w[j] / lj
-                if s > best or (s == best and j < bj):
-                    best, bj = s, j
-            return bj
+                s = w[i] / li
+                if s > best or (s == best and i < bi):
+                    best, bi = s, i
+            return members[bi]
         sc = [
             wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
             for j, wj in zip(members, w, strict=True)

@@ -53,9 +53,10 @@ def capacity_weights(ids: Sequence[str], index: CapacityIndex) -> list[float] | 
 
 
 class FleetWeights(Sequence[float]):
-    """Every instance's weight (``balance_weights`` with ``only`` None), each computed
-    when read: a weighted rendezvous pick reads the few whose score can win
-    (``bound``), not all of them. A weight read is the same float the list held."""
+    """The weights ``balance_weights`` gives (of ``only``'s positions, in that order, or
+    of every instance), each computed when read: a weighted rendezvous pick reads the
+    few whose score can win (``bound``), not all of them. A weight read is the same
+    float a list of them holds."""
 
     __slots__ = ("_base", "_list", "_loads", "_mean", "_neg")
 
@@ -105,14 +106,15 @@ def balance_weights(
     only: Sequence[int] | None = None,
 ) -> Sequence[float] | None:
     """Capacity weights times the balance term (module header) of the positions ``only``,
-    in that order (None: every instance, as a ``FleetWeights``); ``g`` is the unit
-    ``load`` counts in."""
+    in that order (None: every instance), read lazily (``FleetWeights``); ``g`` is the
+    unit ``load`` counts in."""
     n = len(ids)
     if n == 0:
         return None
     loads, mean, m = load.loads(ids, only)
     norm = BALANCE_GAIN / max(mean, BALANCE_FLOOR * g * m)
-    if only is None:
-        return FleetWeights(capacity or None, loads, mean, norm)
-    base = [capacity[j] for j in only] if capacity else [1.0] * len(only)
-    return [w * exp(-norm * (c - mean)) for w, c in zip(base, loads, strict=True)]
+    if not capacity:
+        return FleetWeights(None, loads, mean, norm)
+    return FleetWeights(
+        capacity if only is None else [capacity[j] for j in only], loads, mean, norm
+    )
