@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from math import log
+from math import exp, log
 from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
@@ -114,6 +114,7 @@ SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
 # A skipped instance's score bound must beat the best by more than a few rounding steps.
 _MARGIN = 1.0 + 1e-9
+_SLACK = 1.0 - 1e-6
 
 
 class Loads(Protocol):
@@ -295,20 +296,21 @@ class StablePlacement:
         as ``max`` does."""
         if w is None:
             return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
-        if isinstance(w, FleetWeights):
-            # Visit the members by plain score, best first; once the largest weight over
-            # this one's divisor cannot reach the best score, no later one can (their
-            # divisors are larger), so most weights are never read.
+        if type(w) is FleetWeights:
+            # Score the member of the highest plain score first; a member can beat it
+            # only if the largest weight over its divisor can, i.e. only if its plain
+            # score is at least ``least`` (kept low by a margin): score just those.
             us = [((h ^ seeds[j]) * _MUL) & MASK64 for j in members]
+            i0 = us.index(max(us))
+            best = w[i0] / -log((us[i0] + 0.5) / _TWO64)
             top = w.bound() * _MARGIN
-            best, bi = -1.0, -1
-            for i in sorted(range(len(us)), key=us.__getitem__, reverse=True):
-                li = -log((us[i] + 0.5) / _TWO64)
-                if top / li < best:
-                    break
-                s = w[i] / li
-                if s > best or (s == best and i < bi):
-                    best, bi = s, i
+            least = int(_TWO64 * exp(-top / best) * _SLACK) if best > 0.0 else 0
+            bi = i0
+            for i, u in enumerate(us):
+                if u >= least and i != i0:
+                    s = w[i] / -log((u + 0.5) / _TWO64)
+                    if s > best or (s == best and i < bi):
+                        best, bi = s, i
             return members[bi]
         sc = [
             wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
