@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from math import log
+from math import exp, log
 from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
@@ -90,6 +90,7 @@ from preheat.router.policies.stable_traffic import (
 from preheat.router.policies.stable_weights import (
     BALANCE_FLOOR,
     BALANCE_GAIN,
+    FleetWeights,
     balance_weights,
     capacity_weights,
 )
@@ -111,6 +112,9 @@ __all__ = [
 _MUL = SCORE_MULTIPLIER
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
+# A skipped instance's score bound must beat the best by more than a few rounding steps.
+_MARGIN = 1.0 + 1e-9
+_SLACK = 1.0 - 1e-6
 
 
 class Loads(Protocol):
@@ -292,6 +296,22 @@ class StablePlacement:
         as ``max`` does."""
         if w is None:
             return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+        if type(w) is FleetWeights:
+            # Score the member of the highest plain score first; a member can beat it
+            # only if the largest weight over its divisor can, i.e. only if its plain
+            # score is at least ``least`` (kept low by a margin): score just those.
+            us = [((h ^ seeds[j]) * _MUL) & MASK64 for j in members]
+            i0 = us.index(max(us))
+            best = w[i0] / -log((us[i0] + 0.5) / _TWO64)
+            top = w.bound() * _MARGIN
+            least = int(_TWO64 * exp(-top / best) * _SLACK) if best > 0.0 else 0
+            bi = i0
+            for i, u in enumerate(us):
+                if u >= least and i != i0:
+                    s = w[i] / -log((u + 0.5) / _TWO64)
+                    if s > best or (s == best and i < bi):
+                        best, bi = s, i
+            return members[bi]
         sc = [
             wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
             for j, wj in zip(members, w, strict=True)
@@ -324,7 +344,7 @@ class StablePlacement:
         recent: Sequence[float],
         g: float,
         only: Sequence[int] | None = None,
-    ) -> list[float] | None:
+    ) -> Sequence[float] | None:
         """Capacity weights times the balance term (stable_weights.py); of the positions
         ``only``, in that order (None: every instance). ``recent`` and ``g``, the
         policy's plain request counts, are not read: the load is ``self.load``'s."""

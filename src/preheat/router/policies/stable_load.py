@@ -113,8 +113,16 @@ class SessionLoad:
             r = ext / nonext
             # (instances not in ``ids`` shift the mean, which moves every weight alike)
             total += r * sum(per.values())
+            if only is None:
+                # Every position: visit the root's instances, not the fleet.
+                at = self._at
+                for x, c in per.items():
+                    j = at.get(x)
+                    if j is not None and c:
+                        loads[j] += r * c
+                continue
             pget = per.get
-            for i, j in enumerate(range(len(ids)) if only is None else only):
+            for i, j in enumerate(only):
                 c = pget(ids[j])
                 if c:
                     loads[i] += r * c

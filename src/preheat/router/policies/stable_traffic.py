@@ -43,6 +43,7 @@ __all__ = ["HOT_SPREAD", "HYSTERESIS", "LOAD_FLOOR", "BlockTraffic", "spread_for
 HOT_SPREAD = 1.5
 HYSTERESIS = 0.5
 LOAD_FLOOR = 10.0
+_UP = 1.0 + HYSTERESIS
 
 
 def _pow2_at_least(t: float, n: int) -> int:
@@ -84,20 +85,24 @@ class BlockTraffic:
         if window is not None:
             self._decay = 1.0 - 1.0 / window
         g = self.g = self.g / self._decay
-        self._total += g
+        total = self._total = self._total + g
         counts = self._counts
+        get, to_end = counts.get, counts.move_to_end
         hot = self.hot
-        scale = HOT_SPREAD * n / max(self._total, LOAD_FLOOR * n * g)
+        hget = hot.get
+        fleet = HOT_SPREAD * n
+        scale = fleet / max(total, LOAD_FLOOR * n * g)
+        g2 = 2 * g
         for h in pk.chain:
-            c = counts.get(h)
+            c = get(h)
             if c is None:
                 c = counts[h] = g
             else:
                 c = counts[h] = c + g
-                counts.move_to_end(h)
+                to_end(h)
             # In every request so far (a shared system prompt): as hot as the fleet.
-            t = HOT_SPREAD * n if c >= self._total and c >= 2 * g else c * scale
-            e = hot.get(h)
+            t = fleet if c >= total and c >= g2 else c * scale
+            e = hget(h)
             if e is None:
                 if t <= 1:
                     continue
@@ -106,7 +111,7 @@ class BlockTraffic:
                 k = e[0]
                 # spread_for keeps k (<= n) while t <= k and (1 + HYSTERESIS) * t exceeds
                 # the largest power of two below k: then there is nothing to update.
-                if k <= n and t <= k and t * (1.0 + HYSTERESIS) > 1 << ((k - 1).bit_length() - 1):
+                if k <= n and t <= k and t * _UP > 1 << ((k - 1).bit_length() - 1):
                     continue
             k2 = spread_for(k, t, n)
             if k2 == 1:

@@ -22,13 +22,19 @@ Thresholds:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from math import exp
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.stable_load import SessionLoad
 
-__all__ = ["BALANCE_FLOOR", "BALANCE_GAIN", "balance_weights", "capacity_weights"]
+__all__ = [
+    "BALANCE_FLOOR",
+    "BALANCE_GAIN",
+    "FleetWeights",
+    "balance_weights",
+    "capacity_weights",
+]
 
 BALANCE_GAIN = 20.0
 BALANCE_FLOOR = 30.0
@@ -46,22 +52,69 @@ def capacity_weights(ids: Sequence[str], index: CapacityIndex) -> list[float] | 
     return None if min(w) == max(w) else w
 
 
+class FleetWeights(Sequence[float]):
+    """The weights ``balance_weights`` gives (of ``only``'s positions, in that order, or
+    of every instance), each computed when read: a weighted rendezvous pick reads the
+    few whose score can win (``bound``), not all of them. A weight read is the same
+    float a list of them holds."""
+
+    __slots__ = ("_base", "_list", "_loads", "_mean", "_neg")
+
+    def __init__(
+        self, base: Sequence[float] | None, loads: list[float], mean: float, norm: float
+    ) -> None:
+        self._base = base
+        self._loads = loads
+        self._mean = mean
+        self._neg = -norm
+        self._list: list[float] | None = None
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+    def __getitem__(self, j: int) -> float:  # type: ignore[override]
+        w = exp(self._neg * (self._loads[j] - self._mean))
+        return self._base[j] * w if self._base is not None else w
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.materialize())
+
+    def materialize(self) -> list[float]:
+        """All the weights, in position order (computed once)."""
+        if self._list is None:
+            neg, mean = self._neg, self._mean
+            if self._base is None:
+                self._list = [exp(neg * (c - mean)) for c in self._loads]
+            else:
+                self._list = [
+                    w * exp(neg * (c - mean)) for w, c in zip(self._base, self._loads, strict=True)
+                ]
+        return self._list
+
+    def bound(self) -> float:
+        """At least every weight (the largest capacity at the least load): a pick may
+        skip an instance whose score with this weight cannot beat the best so far."""
+        top = max(self._base) if self._base is not None else 1.0
+        return top * exp(self._neg * (min(self._loads) - self._mean))
+
+
 def balance_weights(
     load: SessionLoad,
     ids: Sequence[str],
     capacity: Sequence[float] | None,
     g: float,
     only: Sequence[int] | None = None,
-) -> list[float] | None:
+) -> Sequence[float] | None:
     """Capacity weights times the balance term (module header) of the positions ``only``,
-    in that order (None: every instance); ``g`` is the unit ``load`` counts in."""
+    in that order (None: every instance), read lazily (``FleetWeights``); ``g`` is the
+    unit ``load`` counts in."""
     n = len(ids)
     if n == 0:
         return None
     loads, mean, m = load.loads(ids, only)
     norm = BALANCE_GAIN / max(mean, BALANCE_FLOOR * g * m)
-    if only is None:
-        base: Sequence[float] = capacity or [1.0] * n
-    else:
-        base = [capacity[j] for j in only] if capacity else [1.0] * len(only)
-    return [w * exp(-norm * (c - mean)) for w, c in zip(base, loads, strict=True)]
+    if not capacity:
+        return FleetWeights(None, loads, mean, norm)
+    return FleetWeights(
+        capacity if only is None else [capacity[j] for j in only], loads, mean, norm
+    )
