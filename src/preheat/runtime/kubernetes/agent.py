@@ -114,7 +114,9 @@ class NodeAgent:
             self.nodecache.extra.append(self.peers.status_fields)
             self.nodecache.degraded = self.peers.settings_reader.degraded
             peers = self.peers
-            self.warmups.puller = lambda s, r, p: peers.pull(s, r, p, self._write_status)
+            self.warmups.puller = lambda s, r, p: peers.pull(
+                s, r, p, self._write_status, room=self.warmups.room
+            )
 
     # --- watches (threads) --------------------------------------------------------------
 

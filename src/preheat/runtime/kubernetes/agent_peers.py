@@ -13,7 +13,12 @@
   missing blob has a complete holder, or a *seed* fetches it: an agent holding an origin
   slot Lease for the revision), ``origin`` (an origin slot Lease was won,
   ``agent_peers_slots``) or wait. An origin fill writes its NodeCache status (the blobs
-  it now serves) before it frees its slot.
+  it now serves) before it frees its slot. With ``peers: {enabled: false}`` the same
+  Leases admit every fill (holders are not peers: only a won slot admits), so the
+  cluster's origin budget holds without peers too (as ``runtime.peering.OriginGate`` in
+  the local fleet).
+- **Room**: once admitted, a warm-up makes room without evicting another warm-up's copy
+  no pod has used yet (``room``: ``agent_warmups.Warmups.room``).
 - **Seeds** (as in local mode, ``runtime.peering``): every fill publishes its progress
   in ``status.peer.filling`` (pieces landed per blob, bounded, at most every
   ``progress_s``) and lists the blobs it has published; a ``peer`` fill re-reads the
@@ -32,7 +37,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from preheat.control.fanout import (
@@ -163,27 +168,23 @@ class AgentPeers:
         progress: Callable[[int, int], None],
         publish: Callable[[], Any],
         on_wait: Callable[[str], None] = lambda _why: None,
+        room: Callable[[str, str | None], Awaitable[None]] | None = None,
     ) -> PullResult:
         """Warm ``revision`` of ``source`` through the fan-out (see the module docstring);
-        ``publish()`` writes this node's NodeCache status (blocking)."""
+        ``publish()`` writes this node's NodeCache status (blocking); ``room(source,
+        revision)``, once admitted, makes room for the fill (``agent_warmups``)."""
         started = time.monotonic()
         settings = await asyncio.to_thread(self.settings)
         budget = settings.budget
         limiter = None
         if budget.bandwidth is not None:  # at most concurrentFills origin fills at once
             limiter = RateLimiter(budget.bandwidth / (budget.concurrent_fills or 1))
-        if not settings.enabled:
-            res = await self.store.apull(
-                source, revision=revision, progress=progress, origin_limiter=limiter,
-                rate_limit=settings.node_bandwidth,
-            )  # fmt: skip
-            self._record(res, Mode.ORIGIN, 0, started)
-            return res
         rev, blobs = await resolve_blobs(source)
         rev = revision or rev
         me = f"{self.node}/{rev}"
         names = origin_slot_names(budget, rev)
-        mode, slot = await self._admit(rev, blobs, names, budget, me, on_wait)
+        peers = settings.enabled
+        mode, slot = await self._admit(rev, blobs, names, budget, me, on_wait, peers=peers)
         self._pulling[rev] = blobs  # its published blobs are listed while it fills
         # while it fills: the slot renewed, this node's progress published, and the view
         # of the others (holders, seeds' progress) kept fresh for the fill's pieces
@@ -198,8 +199,10 @@ class AgentPeers:
             wait_for_seeds=mode is Mode.PEER, seed_stall=self.cfg.seed_stall,
         )  # fmt: skip
         try:
+            if room is not None:
+                await room(source, rev)
             res = await self.store.apull(
-                source, revision=rev, progress=progress, peers=fill,
+                source, revision=rev, progress=progress, peers=fill if peers else None,
                 origin_limiter=limiter, chunk=PIECE_SIZE, rate_limit=settings.node_bandwidth,
             )  # fmt: skip
             self._record(res, mode, fill.peer_bytes, started)
@@ -229,10 +232,13 @@ class AgentPeers:
                 log.warning("peer status step failed: %s", describe_error(exc))
 
     def _look_sync(
-        self, rev: str, blobs: frozenset[str], names: tuple[str, ...]
+        self, rev: str, blobs: frozenset[str], names: tuple[str, ...], with_peers: bool = True
     ) -> tuple[list[Slot], float]:
-        """Read the other NodeCaches and the origin slots of ``rev``: the directory's
-        holders and seeds (the live slot holders of ``rev``, with the blobs they fetch)."""
+        """Read the other NodeCaches (``with_peers``) and the origin slots of ``rev``: the
+        directory's holders and seeds (the live slot holders of ``rev``, with the blobs
+        they fetch)."""
+        if not with_peers:
+            return self.slots.read(names), time.monotonic()
         self.directory.refresh()
         slots = self.slots.read(names)
         now = time.monotonic()
@@ -252,19 +258,23 @@ class AgentPeers:
         budget: Budget,
         me: str,
         on_wait: Callable[[str], None],
+        *,
+        peers: bool = True,
     ) -> tuple[Mode, str | None]:
         """Wait for ``peer`` (every missing blob held, or fetched by a seed: an agent
-        holding an origin slot for ``rev``) or a won origin slot; returns (mode, slot)."""
+        holding an origin slot for ``rev``) or a won origin slot; returns (mode, slot).
+        Without ``peers`` (``peers: {enabled: false}``) only a won origin slot admits:
+        holders are not peers, so the cluster's origin budget holds all the same."""
         layout = self.store.layout
         key = (self.node, rev)
         said = False
         while True:
             missing = frozenset(d for d in blobs if not layout.blob(d).exists())
-            slots, now = await asyncio.to_thread(self._look_sync, rev, blobs, names)
+            slots, now = await asyncio.to_thread(self._look_sync, rev, blobs, names, peers)
             running = slot_holders(slots, now)
             request = WarmRequest(self.node, rev, missing)
-            complete = self.directory.complete(missing)
-            seeds = self.directory.filling(self.node)
+            complete = self.directory.complete(missing) if peers else {}
+            seeds = self.directory.filling(self.node) if peers else {}
             plan = plan_fanout([request], complete, running, budget, seeds)
             if plan[key] is Mode.PEER:
                 if seeds:
@@ -275,7 +285,9 @@ class AgentPeers:
                 if slot is not None and await asyncio.to_thread(self.slots.claim, slot, me):
                     log.info("origin slot %s for %s", slot.name, rev[:12])
                     return Mode.ORIGIN, slot.name
-            why = f"waiting for a peer to hold {rev[:12]} or an origin slot ({len(running)} taken)"
+            why = f"waiting for an origin slot for {rev[:12]} ({len(running)} taken)"
+            if peers:
+                why = f"waiting for a peer to hold {rev[:12]} or an origin slot ({len(running)} taken)"
             on_wait(why)
             if not said:
                 log.info("%s", why)

@@ -1,6 +1,15 @@
 """The node agent's warm-ups: one asyncio task per wanted revision (at most
 ``max_warmups`` filling at once), retried with capped exponential back-off while the
-origin fails; and the pins and priorities the targeting caches ask of the store."""
+origin fails; and the pins and priorities the targeting caches ask of the store.
+
+A warm-up's fill never evicts another warm-up's copy that no pod has used yet
+(``runtime.warm_room.WarmCopies``, as in the local fleet): before it fills (after its
+origin admission, with peers) it makes room by plan, sparing those copies, or it fails
+with ``WarmupDeferred`` (the numbers in ``lastFailure``) and is retried with the back-off,
+until a pod's lease of a copy frees that copy for eviction, or room appears. In
+Kubernetes mode every pull into the node store is a warm-up (a cold pod pulls into its own
+``emptyDir``, ``snapshot_init``), so only the store's other rules (pins, leases,
+priority) decide beyond that."""
 
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ from preheat.artifacts.refs import redact_url
 from preheat.errors import PreheatError
 from preheat.runtime.kubernetes.agent_config import AgentConfig
 from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
+from preheat.runtime.peering import resolve_room
+from preheat.runtime.warm_room import WarmCopies
 from preheat.store import NodeStore
 from preheat.store.results import PullResult
 from preheat.telemetry.inventory import WarmupFailure
@@ -52,8 +63,18 @@ class Warmups:
         self._dirty = dirty
         self._sem = asyncio.Semaphore(cfg.max_warmups)
         #: ``(source, revision, progress) -> PullResult`` replacing the store's own pull
-        #: (the agent's peers, ``agent_peers.AgentPeers.pull``); None: ``store.apull``.
+        #: (the agent's peers, ``agent_peers.AgentPeers.pull``, which calls ``room``
+        #: once admitted); None: ``room`` then ``store.apull``.
         self.puller: Callable[..., Awaitable[PullResult]] | None = None
+        #: This agent's warm-ups' copies no pod has used yet (spared by later warm-ups).
+        self.copies = WarmCopies()
+
+    async def room(self, source: str, revision: str | None) -> None:
+        """Room for a warm-up of ``source`` that evicts no unused warmed copy (module
+        docstring); raises ``WarmupDeferred`` when only those copies could make it."""
+        rev, size = await resolve_room(source, self.store.layout)
+        what = (revision or rev)[:12]
+        await asyncio.to_thread(self.copies.make_room, self.cfg.node, self.store, size, what)
 
     def apply_policies(self, targeting: list[dict[str, Any]]) -> None:
         """Pin a held snapshot while a targeting cache says ``pin``, give it the highest
@@ -122,8 +143,13 @@ class Warmups:
                     if self.puller is not None:
                         res = await self.puller(w.source, w.revision, progress)
                     else:
+                        await self.room(w.source, w.revision)
                         res = await self.store.apull(
                             w.source, revision=w.revision, progress=progress
+                        )
+                    if res.bytes_fetched:
+                        await asyncio.to_thread(
+                            self.copies.record, self.cfg.node, self.store, res.manifest_digest
                         )
                 self.metrics.fetched.inc(res.bytes_fetched)
                 self.resolved[w.source] = res.revision
