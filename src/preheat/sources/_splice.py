@@ -5,8 +5,10 @@ copies into the page cache: two copies and an allocation per chunk. On a fast or
 (another node on the LAN, nginx on 127.0.0.1) those copies, not the network, bound the
 fill. Here the body moves socket -> pipe -> file with ``splice(2)`` on the event loop:
 the kernel moves pages, Python only counts bytes. The request is plain HTTP/1.1 on a
-pooled keep-alive socket; anything unusual (redirect, chunked encoding, compression)
-raises ``Unsupported`` and the caller falls back to the aiohttp path. The caller adds
+pooled keep-alive socket (one the server closed while it sat idle, after a timeout or a
+restart, fails before any response byte: the request goes again, once, on a fresh
+socket, and the other idle ones are dropped); anything unusual (redirect, chunked
+encoding, compression) raises ``Unsupported`` and the caller falls back to aiohttp. The caller adds
 its conditional and auth headers, and checks each answer's status and headers (a file
 changed at the origin) before any body byte is read. ``url`` is only ever used in
 messages, so callers pass it redacted.
@@ -48,6 +50,10 @@ class _Conn:
         for fd in (self.r, self.w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class _Stale(Exception):
+    """The socket failed before a single byte of the response: the peer had closed it."""
 
 
 class SplicePool:
@@ -103,10 +109,28 @@ class SplicePool:
             for k, v in (headers or {}).items()
             if not any(c in f"{k}{v}" for c in "\r\n")
         )
-        conn = self._idle.pop() if self._idle else await self._connect()
+        reused = bool(self._idle)
+        conn = self._idle.pop() if reused else await self._connect()
         reusable = False
         try:
-            reusable = await self._exchange(conn, path, start, end, fd, on_bytes, url, extra, check)
+            try:
+                reusable = await self._exchange(
+                    conn, path, start, end, fd, on_bytes, url, extra, check
+                )
+            except _Stale as exc:
+                if not reused:
+                    raise OriginUnavailable(f"{url}: {exc}") from exc
+                # the peer closed a kept-alive socket (idle timeout, restart) before it
+                # read the request: the others are as old; the request again, once, fresh
+                conn.close()
+                self.close()
+                conn = await self._connect()
+                try:
+                    reusable = await self._exchange(
+                        conn, path, start, end, fd, on_bytes, url, extra, check
+                    )
+                except _Stale as again:
+                    raise OriginUnavailable(f"{url}: {again}") from again
         except FetchError:
             raise
         except OSError as exc:
@@ -138,8 +162,15 @@ class SplicePool:
             f"Range: bytes={start}-{end - 1}\r\nAccept-Encoding: identity\r\n"
             f"User-Agent: preheat\r\n{extra}\r\n"
         )
-        await loop.sock_sendall(sock, request.encode("ascii"))
         buf = b""
+        try:
+            await loop.sock_sendall(sock, request.encode("ascii"))
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 60)
+        except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
+            raise _Stale(f"{exc.__class__.__name__} before the response") from exc
+        if not data:
+            raise _Stale("connection closed before the response headers")
+        buf += data
         while b"\r\n\r\n" not in buf:
             data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 60)
             if not data:
