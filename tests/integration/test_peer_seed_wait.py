@@ -133,3 +133,66 @@ async def test_a_stalled_seed_costs_its_missing_piece_from_the_origin(tmp_path: 
     ranges = {r for r in seen[before:] if r}
     assert ranges == {f"bytes={PIECE_SIZE}-{2 * PIECE_SIZE - 1}"}, ranges
     assert hashlib.sha256(b.layout.blob(digest).read_bytes()).hexdigest() == digest
+
+
+class _Gap:
+    """Seed ``a`` (holding the blob already) as a receiver's directory reads it around the
+    end of a's fill: "filling" for ``fill_s``, then, for ``gap_s``, neither filling nor
+    holding (its slot read as freed before its last status), then holding the blob."""
+
+    def __init__(self, url: str, fill_s: float, gap_s: float) -> None:
+        self.url = url
+        self.avoided: dict[str, str] = {}
+        self.t0 = asyncio.get_running_loop().time()
+        self.fill_s, self.gap_s = fill_s, gap_s
+
+    def _phase(self) -> str:
+        t = asyncio.get_running_loop().time() - self.t0
+        return "filling" if t < self.fill_s else "gap" if t < self.fill_s + self.gap_s else "held"
+
+    def candidates(self, digest: str, index: int, receiver: str) -> list[tuple[str, str]]:
+        return [("a", self.url)] if self._phase() == "held" else []
+
+    def seed_progress(self, digest: str, receiver: str) -> dict[str, int]:
+        return {"a": 0} if self._phase() == "filling" else {}
+
+    def avoid(self, peer: str, why: str) -> None:
+        self.avoided[peer] = why
+
+
+async def test_a_seed_missing_from_one_read_is_waited_for_not_replaced(tmp_path: Path) -> None:
+    """A seed that leaves the directory for less than ``seed_gone`` seconds (a late read,
+    not a loss) costs no origin byte: every piece comes from it once it shows as holder;
+    and with ``seed_gone`` shorter than the gap the pieces go to the origin."""
+    root = tmp_path / "origin"
+    generate_model(root / "m", PIECE_SIZE + 2 * MiB, 1, seed=22)
+    write_http_manifest(root / "m")
+    runner, base, seen = await _origin(root, lambda _r: False)
+    token = secrets.token_urlsafe(24)
+    ref = f"{base}/m/preheat-manifest.json"
+    a = NodeStore(tmp_path / "a", retries=1, backoff=0.01)
+    book = PieceBook()
+    server = PeerServer(a.layout, token, book)
+    await server.start()
+    client = PeerClient(token)
+    results = {}
+    try:
+        await a.apull(ref, chunk=PIECE_SIZE)
+        for name, grace in (("b", 2.0), ("c", 0.2)):
+            fill = PeerFill(
+                client, _Gap(server.url, 0.3, 0.6), name, PieceBook(),
+                wait_for_seeds=True, seed_gone=grace,
+            )  # fmt: skip
+            before = len(seen)
+            store = NodeStore(tmp_path / name, retries=1, backoff=0.01)
+            res = await asyncio.wait_for(store.apull(ref, peers=fill, chunk=PIECE_SIZE), 30)
+            results[name] = (fill, res, [r for r in seen[before:] if r])
+    finally:
+        await client.aclose()
+        await server.stop()
+        await runner.cleanup()
+    fill_b, res_b, ranged_b = results["b"]
+    assert res_b.bytes_fetched == fill_b.peer_bytes
+    assert ranged_b == [] and fill_b.peer_bytes > PIECE_SIZE and fill_b.seed_stalls == 0
+    fill_c, res_c, ranged_c = results["c"]
+    assert ranged_c and fill_c.peer_bytes < res_c.bytes_fetched

@@ -19,7 +19,8 @@ fetches the piece from the first that delivers it:
   piece no peer holds yet while a *seed* fills the blob from the origin (the directory's
   ``seed_progress``) is waited for: the fill polls until the seed lands it, and goes to
   the origin for it only when the seed lands no piece of the blob for ``seed_stall``
-  seconds (``seed_stalls`` counts those pieces) or stops filling (failed, lost). An
+  seconds (``seed_stalls`` counts those pieces) or stops filling (failed, lost: gone
+  from the directory for ``seed_gone`` seconds, so a late read is not a loss). An
   origin fill never waits (seeds never wait on each other);
 - the blob is still checked against the manifest's sha256 at the end (``store.fill``),
   as from any origin: a mismatch there makes every peer that supplied the list or a
@@ -157,6 +158,9 @@ class PeerFill:
     wait_for_seeds: bool = False
     seed_stall: float = 20.0
     seed_stalls: int = 0
+    #: Seconds a piece still waits after its seed left the directory (a renewal late, or
+    #: the seed's last status read before its slot freed) before it goes to the origin.
+    seed_gone: float = 3.0
     _lists: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     _failed: dict[str, set[str]] = field(default_factory=dict)
     _sources: dict[str, set[str]] = field(default_factory=dict)
@@ -177,19 +181,27 @@ class PeerFill:
         if digest is not None and prog.filled[index] == 0:
             seeds = getattr(self.directory, "seed_progress", None)
             loop = asyncio.get_running_loop()
-            last, since = -1, loop.time()
+            last, since, gone = -1, loop.time(), None
             while True:
                 seen = self._seeds(seeds, digest) if self.wait_for_seeds else None
                 if await self._from_peers(ctx, prog, fd, index, start, end, digest):
                     return
-                if seen is None:
-                    break  # nobody is filling it: the origin serves this piece
                 now = loop.time()
-                if seen != last:
-                    last, since = seen, now
+                if seen is None:
+                    if last < 0:
+                        break  # nobody is filling it: the origin serves this piece
+                    # the seed left the directory: it finished (its blob shows complete at
+                    # the next read) or stopped (failed, lost); ``seed_gone`` tells which
+                    gone = now if gone is None else gone
+                    if now - gone > self.seed_gone:
+                        break
+                elif seen != last:
+                    last, since, gone = seen, now, None
                 elif now - since > self.seed_stall:
                     self.seed_stalls += 1
                     break  # the seed stalled: this piece comes from the origin
+                else:
+                    gone = None
                 await asyncio.sleep(SEED_POLL)
         await origin()
         if digest is not None and prog.filled[index] >= end - start:

@@ -24,7 +24,8 @@
   ``progress_s``) and lists the blobs it has published; a ``peer`` fill re-reads the
   NodeCaches and slots every ``poll_s`` and waits in ``PeerFill`` for the seed's
   pieces, going to the origin for a piece only when the seeds land nothing for
-  ``seed_stall`` seconds or none is left (its slot Lease expired: it stopped filling).
+  ``seed_stall`` seconds or none is left for ``2 * poll_s + 1`` seconds (its slot Lease
+  expired: it stopped filling; a shorter gap is a late renewal or read).
 - **Telemetry**: a ``WarmupRecord`` per warm-up (``bytes_from`` origin/peer/cache) in
   ``status.warmups`` and ``/metrics`` (``preheat_warmup_bytes{node,revision,source}``,
   and the peer part of ``preheat_agent_bytes_fetched_total{source}``, ``agent_metrics``).
@@ -197,6 +198,7 @@ class AgentPeers:
         fill = PeerFill(
             self.client, self.directory, self.node, self.book,
             wait_for_seeds=mode is Mode.PEER, seed_stall=self.cfg.seed_stall,
+            seed_gone=2 * self.cfg.poll_s + 1,
         )  # fmt: skip
         try:
             if room is not None:
@@ -239,8 +241,10 @@ class AgentPeers:
         they fetch)."""
         if not with_peers:
             return self.slots.read(names), time.monotonic()
-        self.directory.refresh()
+        # the slots first: a seed publishes its blobs before it frees its slot, so a seed
+        # whose slot is read as held here has its final blobs in the NodeCaches read next
         slots = self.slots.read(names)
+        self.directory.refresh()
         now = time.monotonic()
         peers = self.directory.peers
         self.directory.seeds = {
