@@ -1,8 +1,8 @@
 """Tar layers fetched once, verified, unpacked into a staging directory; listings kept.
 
 A snapshot file that lives inside a tar layer has no URL of its own: ``LayerStager``
-downloads the whole layer (resuming after a dropped connection), checks its sha256
-against the layer digest *before* reading a byte of the tar, and unpacks it with
+downloads the whole layer (``oci_layer_fetch``, resuming after a dropped connection),
+checks its sha256 against the layer digest *before* reading a byte of the tar, unpacks it with
 ``oci_layers.scan_layer`` into a staging directory, each file once under its sha256.
 The fill then hard-links a file from there into the store (``OciSource.take_file``) and
 verifies it again on its way. A plain ``.tar`` layer is not unpacked at all: its members
@@ -40,31 +40,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
-import itertools
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from preheat.errors import (
-    ImageDigestMismatch,
     InsufficientSpace,
-    OriginUnavailable,
-    TruncatedBody,
 )
 from preheat.images.client import RegistryClient
 from preheat.images.manifest import Descriptor
-from preheat.sources.base import Unsupported
-from preheat.sources.oci_layer_meta import sha256_file, unpacked_size, write_json
+from preheat.sources.oci_layer_fetch import Direct, LayerFetcher, first_failure
+from preheat.sources.oci_layer_meta import unpacked_size, write_json
 from preheat.sources.oci_layers import LayerDiff, Mode, scan_layer
-
-#: ``direct(url, start, end, fd, on_bytes)``: bytes [start, end) of ``url`` into ``fd``.
-Direct = Callable[[str, int, int, int, Callable[[int, int], None]], Awaitable[None]]
 
 
 class LayerStager:
@@ -72,9 +64,8 @@ class LayerStager:
 
     def __init__(self, client: RegistryClient, direct: Direct | None = None) -> None:
         self.client = client
-        #: The zero-copy download (splice into the file; ``Unsupported`` where it
-        #: cannot be used): ``direct(url, start, end, fd, on_bytes)``.
-        self._direct = direct
+        #: Whole layers into files, verified (``oci_layer_fetch``: spliced or streamed).
+        self._fetch = LayerFetcher(client, direct)
         self._root: Path | None = None
         #: The store's ``Space`` (``bind_store``): staging is reserved in it.
         self._space: Any = None
@@ -142,7 +133,7 @@ class LayerStager:
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(one(*x)) for x in layers]
         except BaseExceptionGroup as eg:
-            raise _first(eg) from None  # callers catch UnsafePath, ImageDigestMismatch...
+            raise first_failure(eg) from None  # callers catch UnsafePath, ImageDigestMismatch...
         return [t.result() for t in tasks]
 
     async def diff(self, d: Descriptor, compression: str, mode: Mode, where: str) -> LayerDiff:
@@ -170,7 +161,7 @@ class LayerStager:
             in_place: dict[str, int] = {}
             size = d.size
             try:
-                await self._download(d, blob, where)
+                await self._fetch.download(d, blob, where)
                 if compression:  # a plain tar is read in place: nothing more is written
                     size = await asyncio.to_thread(unpacked_size, blob, compression, d.size)
                     reserved = max(0, size - self._credit(self._diffs.get(key)))
@@ -256,87 +247,6 @@ class LayerStager:
                 held[0] -= take
                 n -= take
 
-    async def _download(self, d: Descriptor, dest: Path, where: str) -> None:
-        """The whole layer into ``dest``, checked against its digest."""
-        if self._direct is not None and d.size >= _SPLIT:
-            try:
-                await self._download_direct(d, dest)
-            except Unsupported:
-                self._direct = None  # this registry needs the full client
-            else:
-                digest = await asyncio.to_thread(sha256_file, dest)
-                return self._check(d, digest, where)
-        await self._download_stream(d, dest, where)
-
-    async def _download_direct(self, d: Descriptor, dest: Path) -> None:
-        """Spliced straight into the file in up to 4 ranges at once, each resumed where
-        it stopped (``Unsupported``: the caller streams it instead)."""
-        assert self._direct is not None
-        url = self.client.url("blobs", d.digest)
-        parts = max(1, min(4, d.size // _SPLIT))
-        bounds = [d.size * i // parts for i in range(parts + 1)]
-        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, d.size)
-
-            async def one(start: int, end: int) -> None:
-                pos, attempt = start, 0
-                assert self._direct is not None
-
-                def landed(_offset: int, n: int) -> None:
-                    nonlocal pos
-                    pos += n
-
-                while pos < end:
-                    try:
-                        await self._direct(url, pos, end, fd, landed)
-                    except (OriginUnavailable, TruncatedBody):
-                        attempt += 1
-                        if attempt > self.client.retries:
-                            raise
-                        await asyncio.sleep(min(5.0, self.client.backoff * 2 ** (attempt - 1)))
-
-            async with asyncio.TaskGroup() as tg:
-                for a, b in itertools.pairwise(bounds):
-                    tg.create_task(one(a, b))
-        except BaseExceptionGroup as eg:
-            raise _first(eg) from None
-        finally:
-            os.close(fd)
-
-    def _check(self, d: Descriptor, digest: str, where: str) -> None:
-        if digest != d.hex:
-            raise ImageDigestMismatch(
-                f"{where}: layer {d.digest} from the registry hashes to sha256:{digest}; "
-                "refused before unpacking, nothing was published"
-            )
-
-    async def _download_stream(self, d: Descriptor, dest: Path, where: str) -> None:
-        url = self.client.url("blobs", d.digest)
-        h = hashlib.sha256()
-        pos, attempt = 0, 0
-        with open(dest, "wb") as f:
-            while pos < d.size:
-                buf: list[bytes] = []
-                held = 0
-                try:
-                    async for chunk in self.client.blob(url, pos, d.size):
-                        buf.append(chunk)
-                        held += len(chunk)
-                        if held >= _BATCH:  # write and hash in a thread, 4 MiB at a time
-                            await asyncio.to_thread(_put, f, h, buf)
-                            pos, held, buf = pos + held, 0, []
-                    await asyncio.to_thread(_put, f, h, buf)
-                    pos, held, buf = pos + held, 0, []
-                except (OriginUnavailable, TruncatedBody):
-                    await asyncio.to_thread(_put, f, h, buf)  # keep what arrived
-                    pos += held
-                    attempt += 1
-                    if attempt > self.client.retries:
-                        raise
-                    await asyncio.sleep(min(5.0, self.client.backoff * 2 ** (attempt - 1)))
-        self._check(d, h.hexdigest(), where)
-
     async def _reserve(self, need: int, where: str, what: str) -> Any:
         """Reserve ``need`` bytes of staging in the store (None when unbound); refused
         with ``InsufficientSpace`` naming the layer, before it is ``what``."""
@@ -412,28 +322,3 @@ def _sweep(tmp: Path, mine: Path, grace: float = 60.0) -> None:
             shutil.rmtree(d, ignore_errors=True)
         finally:
             os.close(fd)
-
-
-_BATCH = 4 << 20
-#: Layers from this size on are spliced, in ranges of at least this (smaller: streamed).
-_SPLIT = 1 << 20
-
-
-def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first real failure in a task group's exceptions (not a cancellation)."""
-    leaves: list[BaseException] = []
-    todo: list[BaseException] = [eg]
-    while todo:
-        e = todo.pop(0)
-        if isinstance(e, BaseExceptionGroup):
-            todo[:0] = list(e.exceptions)
-        else:
-            leaves.append(e)
-    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
-    return (real or leaves)[0]
-
-
-def _put(f: Any, h: Any, chunks: list[bytes]) -> None:
-    for c in chunks:  # no join: a 4 MiB copy saved per batch
-        h.update(c)
-    f.writelines(chunks)
