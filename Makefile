@@ -30,7 +30,7 @@ lint: venv
 test: sysdeps venv lint
 	PIP=$(VENV)/bin/pip bash scripts/build-llama-server.sh >/dev/null  # cached; fails under CI=true
 	bash scripts/build-kube.sh >/dev/null  # Kubernetes 1.20.2 control plane; cached; fails under CI=true
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=30 tests  # the slowest 30: the suite has a 20-minute budget
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
