@@ -19,6 +19,10 @@ Every run is ``preheat sim coldstart`` with the same seed, so the runs see the s
 demand; the command line of each is printed with its numbers.
 
     .venv/bin/python benchmarks/sim_coldstart_study.py --jobs 2 --duration 36h
+
+Version changes: ``--releases-top 5`` gives the five most popular models one new
+revision each (same size, at 8, 12, 16, 20 and 24 h; ``--release`` adds any other), so
+the same questions are answered for a fleet that ships new revisions in the window.
 """
 
 from __future__ import annotations
@@ -46,13 +50,14 @@ BASE = {
 
 
 def command(run: dict[str, Any]) -> str:
+    releases = "".join(f" --release {r}" for r in run.get("releases", ()))
     return (
         f"preheat sim coldstart --nodes {run['nodes']} --nvme {run['nvme']} "
         f"--models benchmarks/{MODELS.name} --pattern {run['pattern']} "
         f"--cache-policy {run['policy']} --origin-bandwidth {run['origin_bandwidth']} "
         f"--registry-bandwidth {run['registry_bandwidth']} "
         f"--peers {'on' if run['peers'] else 'off'} --seed {run['seed']} "
-        f"--duration {run['duration']}"
+        f"--duration {run['duration']}{releases}"
     )
 
 
@@ -78,12 +83,15 @@ def plan_runs(
     duration: str,
     sweep: tuple[str, ...] = ("warm-all", "lru"),
     only: int | None = None,
+    releases: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Question 1 first (every policy at ``nvme``, peers off, then on), then the sweep."""
     runs: list[dict[str, Any]] = []
 
     def add(policy: str, peers: bool, size: str) -> None:
         run = {**BASE, "policy": policy, "peers": peers, "nvme": size, "duration": duration}
+        if releases:
+            run["releases"] = releases
         if run not in runs:
             runs.append(run)
 
@@ -100,22 +108,30 @@ def plan_runs(
     return runs
 
 
+def top_releases(n: int) -> tuple[str, ...]:
+    """The version-change scenario: model-00 at 8 h, model-01 at 12 h, ... (n models)."""
+    return tuple(f"model-{i:02d}@{8 + 4 * i}h" for i in range(n))
+
+
 HEADER = (
     "| policy | peers | NVMe | scale_out n | p50 s | p95 s | p99 s | miss share (all "
-    "starts) | image pulls (of starts) | warm_restart n / p50 s | origin TB | peer TB | "
+    "starts) | new_version n / miss share / p99 s | image pulls (of starts) | warm_restart n / p50 s | origin TB | peer TB | "
     "registry TB | unmet demand h | queue wait p50 / p99 s | dropped | CPU s |"
 )
 
 
 def row(r: dict[str, Any]) -> str:
+    nan = float("nan")
     so = r["readiness"].get("scale_out", {})
     wr = r["readiness"].get("warm_restart", {})
+    nv = r["readiness"].get("new_version", {})
+    nv_miss = r["classes"].get("new_version", {}).get("miss_share", nan)
     q = r["queue"]
-    nan = float("nan")
     return (
         f"| {r['policy']} | {'on' if r['peers'] else 'off'} | {r['nvme_bytes'] / 1e12:g} TB | "
         f"{so.get('n', 0)} | {so.get('p50_s', nan):.0f} | {so.get('p95_s', nan):.0f} | "
         f"{so.get('p99_s', nan):.0f} | {r['cache_miss_share']:.1%} | "
+        f"{nv.get('n', 0)} / {nv_miss:.1%} / {nv.get('p99_s', nan):.0f} | "
         f"{r['image_pull_starts']} ({r['starts']}) | {wr.get('n', 0)} / "
         f"{wr.get('p50_s', nan):.0f} | {r['origin_bytes'] / 1e12:.1f} | "
         f"{r['peer_bytes'] / 1e12:.1f} | {r['registry_bytes'] / 1e12:.2f} | "
@@ -132,10 +148,27 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--sweep", default="warm-all,lru", help="policies for question 2")
     ap.add_argument("--only", type=int, choices=(1, 2), default=None, help="one question")
+    ap.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="MODEL@TIME[=SIZE]",
+        help="a new revision during every run (repeatable; see preheat sim coldstart "
+        "--release); --releases-top N is the study's version-change scenario",
+    )
+    ap.add_argument(
+        "--releases-top",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the N most popular models each get one new revision of the same size, "
+        "one every 4 h from 8 h (model-00@8h, model-01@12h, ...)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")
     args = ap.parse_args()
     sweep = tuple(args.sweep.split(","))
-    runs = plan_runs(args.nvme, args.sizes.split(","), args.duration, sweep, args.only)
+    releases = (*args.release, *top_releases(args.releases_top))
+    runs = plan_runs(args.nvme, args.sizes.split(","), args.duration, sweep, args.only, releases)
     print(f"# {len(runs)} runs, {args.jobs} processes; scale_out readiness, seconds")
     print(f"# loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
     print(HEADER)

@@ -80,6 +80,16 @@ from preheat.sim.traffic import PATTERNS
     "model some node holds comes from an idle holder, or waits. auto: origin bandwidth / "
     "node bandwidth, rounded up; all: every warm-up at once.",
 )
+@click.option(
+    "--release",
+    "releases",
+    multiple=True,
+    metavar="MODEL@TIME[=SIZE]",
+    help="A new revision of MODEL at TIME (e.g. model-01@12h or model-01@12h=650GB; "
+    "repeatable), besides the models file's releases: lists. The planner rolls the "
+    "model's replicas to it (surge 1, the cache gate, old replicas drained once new ones "
+    "serve); its starts are the new_version class.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
 @click.option(
     "--duration",
@@ -101,6 +111,7 @@ def coldstart(
     peers: str,
     slots: int,
     warm_budget: str,
+    releases: tuple[str, ...],
     seed: int,
     duration: str | None,
     as_json: bool,
@@ -112,6 +123,9 @@ def coldstart(
     store.evict chooses what leaves a full disk, telemetry.classify labels each start.
     Images are pulled from the registry by nodes that lack them, ready replicas crash and
     restart in place (warm_restart), and requests queue while capacity is short.
+    A model may get new revisions during the run (releases: in the models file, or
+    --release): the planner rolls its replicas (new_version starts), warming policies
+    warm the new revision, and superseded copies are deleted once unused.
     Prints readiness (scheduled -> healthy) p50/p95/p99 per event class, the share of
     starts that missed the cache, bytes from the origin, peers and the registry, the time
     some model had fewer ready replicas than its demand needed, and the queue's wait
@@ -135,6 +149,7 @@ def coldstart(
             peers=peers == "on",
             slots=slots,
             warm_budget=warm_budget,
+            releases=releases,
             seed=seed,
             duration=duration,
         )
@@ -165,6 +180,12 @@ def coldstart(
         f"evictions {out['evictions']}, interruptions {out['interruptions']}, crash restarts "
         f"{out['restarts']}"
     )
+    if out["releases"]:
+        click.echo(
+            f"releases {out['releases']}: rollouts finished {out['rollouts_finished']}, "
+            f"superseded copies deleted {out['revisions_deleted']}, "
+            f"{format_size(out['superseded_bytes_at_end'])} of them still on disk at the end"
+        )
     click.echo(
         f"unmet demand {out['unmet_demand_s'] / 3600:.2f} h ({out['unmet_demand_share']:.1%} "
         f"of the run), {out['unmet_replica_s'] / 3600:.1f} replica-hours short"

@@ -14,6 +14,12 @@ restarted in place (``Traffic.crashes``: at each, a ready replica drawn from the
 (``coldstart_queue``: per model, arrivals = demand / ``queue.request_seconds``,
 capacity = ready replicas x ``replica_in_flight``).
 
+Version changes (``releases`` per model, ``coldstart_releases``): at each, the model's
+spec names a new revision and the same planner rolls it as live mode does
+(``control.rollout``: the cache gate, surge, old replicas drained once new ones are
+routed; starts classified ``new_version``). The planner sees every revision of the
+model on each node, so it also deletes a superseded one once no replica uses it.
+
 Each model is its own endpoint with one variant (its own ``Desired`` and cache policy);
 every plan sees all replicas, so slots are shared across models as on a real fleet.
 The planner is level-triggered, so it runs only for models whose inputs changed (their
@@ -39,7 +45,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from preheat.control.autoscale import AutoscaleState, autoscale
@@ -47,16 +52,14 @@ from preheat.control.fanout import Budget
 from preheat.control.placement import place
 from preheat.control.plan import plan
 from preheat.control.state import Desired, DesiredVariant, Observed, WeightsPolicy
-from preheat.errors import ConfigError
-from preheat.sim.coldstart_config import CACHE_POLICIES, Catalog
 from preheat.sim.coldstart_flows import Network
 from preheat.sim.coldstart_queue import ModelQueue
 from preheat.sim.coldstart_replicas import ModelState
 from preheat.sim.coldstart_result import ColdStartResult, summarize
+from preheat.sim.coldstart_setup import ColdStartSetup
 from preheat.sim.coldstart_store import NodeDisk
 from preheat.sim.coldstart_world import World
 from preheat.sim.events import EventQueue
-from preheat.sim.traffic import Traffic
 
 if TYPE_CHECKING:
     import random
@@ -67,48 +70,6 @@ PREDICT_WINDOW = 600.0  # seconds of demand history the forecast's slope is take
 PREDICT_HORIZON = 900.0  # how far ahead predictive warming looks (about one warm-up)
 PREDICT_EVERY = 300.0  # seconds between forecasts (each places every model once)
 _MAX_PASSES = 8  # plan passes per instant before carrying the rest to the next event
-
-
-@dataclass(frozen=True)
-class ColdStartSetup:
-    nodes: int
-    nvme: int
-    catalog: Catalog
-    traffic: Traffic
-    policy: str
-    duration: float
-    origin_bandwidth: float = 10e9 / 8
-    node_bandwidth: float = 25e9 / 8
-    #: Shared by every image pull (``coldstart_images``), like ``origin_bandwidth``.
-    registry_bandwidth: float = 10e9 / 8
-    peers: bool = False
-    slots: int = 1
-    seed: int = 0
-    high_watermark: float = 0.9
-    #: Origin fills at once over the fleet under which a warm-up may start
-    #: (``control.fanout.Budget``, admitted by the executor as the live node agent does;
-    #: replicas' own fills count, so warm-ups yield the origin to starts); ``None``: every
-    #: warm-up at once (what the Kubernetes agent still does with peers off; the local
-    #: fleet admits through the budget with peers off too, ``runtime.peering.OriginGate``).
-    #: ``coldstart_files.prepare`` (and the CLI) default to ``auto``.
-    warm_budget: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.policy not in CACHE_POLICIES:
-            raise ConfigError(
-                f"cache policy {self.policy!r} is unknown; choose one of {', '.join(CACHE_POLICIES)}"
-            )
-        if self.nodes < 1 or self.slots < 1:
-            raise ConfigError(f"--nodes {self.nodes} and --slots {self.slots} must be >= 1")
-        if self.peers and self.policy == "none":
-            raise ConfigError(
-                "--peers on needs node stores to serve from; --cache-policy none keeps none "
-                "(choose another policy or --peers off)"
-            )
-        if self.warm_budget is not None and self.warm_budget < 1:
-            raise ConfigError(f"--warm-budget {self.warm_budget} must be at least 1 warm-up")
-        if self.nvme <= 0 and self.policy != "none":
-            raise ConfigError(f"--nvme {self.nvme} must be above zero, e.g. 3.5TB")
 
 
 class _Sim:
@@ -150,6 +111,7 @@ class _Sim:
         self.flow_epoch = 0
         self.flow_at: float | None = None
         self.interruptions = 0
+        self.releases = 0
         self.next_predict = 0.0
         self.queues = {m.name: ModelQueue(cat.queue.max_queued) for m in cat.models}
         self.arrivals = dict.fromkeys(self.w.models, 0.0)
@@ -246,12 +208,12 @@ class _Sim:
             )
             chosen: set[str] = set()
             if extra > 0:
-                views = self.w.node_views(ms.spec.revision, None)
+                views = self.w.node_views(name, None)
                 placements, _ = place(
                     views,
                     replicas,
                     variant=name,
-                    revision=ms.spec.revision,
+                    revision=ms.revision,
                     count=extra,
                     planned=planned,
                 )
@@ -284,15 +246,14 @@ class _Sim:
     def _plan_model(self, name: str) -> None:
         ms = self.w.models[name]
         weights, targets = self._weights(name)
-        spec = ms.spec
         desired = Desired(
             endpoint=name,
-            variants=(DesiredVariant(name, spec.revision, spec.size, ms.desired),),
+            variants=(DesiredVariant(name, ms.revision, ms.size, ms.desired),),
             weights=weights,
         )
         observed = Observed(
             now=self.agenda.now,
-            nodes=self.w.node_views(spec.revision, targets),
+            nodes=self.w.node_views(name, targets),
             replicas=self.w.replica_views(),
             variants=((name, ms.status),),
         )
@@ -331,6 +292,9 @@ class _Sim:
             self.agenda.at(t, "interrupt")
         for t in self.s.traffic.crashes:
             self.agenda.at(t, "crash")
+        for m in self.s.catalog.models:
+            for k, rel in enumerate(m.releases, start=1):
+                self.agenda.at(rel.at, "release", (m.name, k))
         self.agenda.at(self.s.duration, "end")
         while len(self.agenda):
             ev = self.agenda.pop()
@@ -355,6 +319,7 @@ class _Sim:
             unmet_s=self.unmet_s,
             unmet_replica_s=self.unmet_replica_s,
             interruptions=self.interruptions,
+            releases=self.releases,
             queues=self.queues,
         )
 
@@ -382,6 +347,12 @@ class _Sim:
         elif kind == "replace":
             self._add_node(added=True)
             self.w.mark_all()
+        elif kind == "release":
+            assert isinstance(payload, tuple)
+            model, k = payload
+            self.w.models[str(model)].release = int(k)  # the spec names a new revision
+            self.releases += 1
+            self.w.dirty.add(str(model))
 
 
 def simulate(setup: ColdStartSetup, rng: random.Random) -> ColdStartResult:

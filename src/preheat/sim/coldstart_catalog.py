@@ -15,6 +15,9 @@ Every error is a ``ConfigError`` naming the bad value and the fix. The file::
         profile: llama-3.1-70b-8xh100   # timing profile for the first response
         image: vllm/vllm-openai:v0.6.3  # the serving image (models may share one) ...
         image_size: 9GB                 # ... and its size; without them no image is pulled
+        releases:                  # new revisions during the run (a rollout each), in
+          - {at: 8h}               # time order; size defaults to the previous revision's
+          - {at: 30h, size: 150GB}
     zipf: 1.0                      # ... or no popularity anywhere and rank-based Zipf(s)
     startup:                       # per start, after the weights are on the node
       runtime_seconds: 20          # container + engine process up
@@ -60,6 +63,7 @@ from preheat.sim.coldstart_config import (
     parse_bandwidth,
     parse_duration,
 )
+from preheat.sim.coldstart_releases import releases_from
 from preheat.timing import PROFILES
 
 __all__ = ["catalog_from_dict"]
@@ -77,6 +81,7 @@ _MODEL_KEYS = {
     "profile",
     "image",
     "image_size",
+    "releases",
 }
 _TOP_KEYS = {"models", "zipf", "startup", "autoscaling", "traffic", "cache", "queue"}
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
@@ -159,9 +164,11 @@ def _model(i: int, data: Any, zipf_weight: float | None) -> ModelSpec:
     lo = _int(f"{where} min_replicas", data.get("min_replicas", 1), minimum=0)
     hi_raw = data.get("max_replicas")
     hi = None if hi_raw is None else _int(f"{where} max_replicas", hi_raw, minimum=max(lo, 1))
+    releases = releases_from(where, data.get("releases"), size)
     return ModelSpec(
         name=name,
         size=size,
+        releases=releases,
         popularity=popularity,
         priority=_int(f"{where} priority", data.get("priority", 0), minimum=-(10**6)),
         pin=pin,

@@ -23,8 +23,10 @@ __all__ = [
     "Catalog",
     "ModelSpec",
     "QueueParams",
+    "Release",
     "Startup",
     "TrafficParams",
+    "model_of",
     "parse_bandwidth",
     "parse_duration",
     "parse_warm_budget",
@@ -43,6 +45,24 @@ DEFAULT_PROFILE = "llama-3.1-70b-8xh100"
 
 
 @dataclass(frozen=True)
+class Release:
+    """A new revision of a model during the run: at ``at`` seconds its spec's revision
+    changes (``size`` bytes on disk) and the planner rolls its replicas to it."""
+
+    at: float
+    size: int
+
+
+#: Separates a model's name from its release number in a revision (not allowed in names).
+_RELEASE_SEP = "@"
+
+
+def model_of(revision: str) -> str:
+    """The model a simulated revision belongs to (``rev-NAME`` or ``rev-NAME@K``)."""
+    return revision.removeprefix("rev-").split(_RELEASE_SEP, 1)[0]
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     size: int
@@ -55,11 +75,20 @@ class ModelSpec:
     #: The serving image and its bytes; ``None``: no image is modelled for this model.
     image: str | None = None
     image_size: int = 0
+    #: New revisions during the run, in time order (``releases:`` in the models file).
+    releases: tuple[Release, ...] = ()
 
     @property
     def revision(self) -> str:
-        """The immutable identity the simulator keys caches by (one revision per model)."""
-        return f"rev-{self.name}"
+        """The immutable identity the simulator keys caches by: the first revision."""
+        return self.revision_at(0)
+
+    def revision_at(self, release: int) -> str:
+        """The revision after ``release`` releases (0: the one deployed at the start)."""
+        return f"rev-{self.name}" if release == 0 else f"rev-{self.name}{_RELEASE_SEP}{release}"
+
+    def size_at(self, release: int) -> int:
+        return self.size if release == 0 else self.releases[release - 1].size
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from preheat.sim.coldstart_config import (
     parse_duration,
     parse_warm_budget,
 )
+from preheat.sim.coldstart_releases import with_releases
 from preheat.sim.traffic import Traffic, crash_times, pattern_traffic, trace_from_records
 
 __all__ = ["load_catalog", "load_trace", "prepare"]
@@ -84,6 +85,7 @@ def prepare(
     seed: int = 0,
     duration: str | float | None = None,
     warm_budget: int | str | None = WARM_BUDGET,
+    releases: tuple[str, ...] | list[str] = (),
 ) -> tuple[ColdStartSetup, random.Random]:
     """A ready-to-run setup from user-facing values (what ``preheat sim coldstart`` takes).
 
@@ -93,6 +95,8 @@ def prepare(
     if (pattern is None) == (trace is None):
         raise ConfigError("give exactly one of --pattern NAME or --trace FILE")
     catalog = models if isinstance(models, Catalog) else load_catalog(models)
+    if releases:
+        catalog = with_releases(catalog, tuple(releases))
     if nodes < 1:
         raise ConfigError(f"--nodes {nodes} must be at least 1")
     if slots < 1:

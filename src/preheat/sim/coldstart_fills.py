@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from preheat.control.fanout import Mode, WarmRequest, plan_fanout
 from preheat.control.state import CacheView
-from preheat.sim.coldstart_config import ModelSpec
+from preheat.sim.coldstart_config import model_of
 from preheat.sim.coldstart_fleet import FleetState
 from preheat.sim.coldstart_flows import ORIGIN
 from preheat.sim.coldstart_replicas import Fill
@@ -35,20 +35,21 @@ class Fills(FleetState):
                 return min(holders, key=lambda h: (self.net.uploads(h), h))
         return ORIGIN
 
-    def _fill(self, node: NodeDisk, spec: ModelSpec, owner: str) -> Fill | Refusal:
+    def _fill(self, node: NodeDisk, revision: str, owner: str) -> Fill | Refusal:
+        size = self.sizes[revision]
         if self.store:
-            got = node.reserve(spec.revision, spec.size, self.agenda.now, warm_up=owner == "warm")
+            got = node.reserve(revision, size, self.agenda.now, warm_up=owner == "warm")
             if isinstance(got, Refusal):
                 return got
             self.evictions.extend(got)
             for ev in got:
-                self.dirty.add(ev.revision.removeprefix("rev-"))
-        source = self._source(node.name, spec.revision)
-        t = self.net.start(node.name, spec.revision, source, spec.size)
-        fill = Fill(node.name, spec.revision, spec.size, t.id, source, owner)
-        self.fills[(node.name, spec.revision)] = fill
+                self.dirty.add(model_of(ev.revision))
+        source = self._source(node.name, revision)
+        t = self.net.start(node.name, revision, source, size)
+        fill = Fill(node.name, revision, size, t.id, source, owner)
+        self.fills[(node.name, revision)] = fill
         self.by_transfer[t.id] = fill
-        self.failed_views.pop((node.name, spec.revision), None)
+        self.failed_views.pop((node.name, revision), None)
         return fill
 
     def warm(self, node_name: str, revision: str, model: str) -> None:
@@ -61,7 +62,7 @@ class Fills(FleetState):
                 "failed", reason="waiting for an origin slot of the warm-up budget", retry_at=_NEVER
             )
             return
-        got = self._fill(node, self.models[model].spec, "warm")
+        got = self._fill(node, revision, "warm")
         if isinstance(got, Refusal):
             if got.permanent:
                 self.failed_views[(node_name, revision)] = CacheView("unfit", reason=got.reason)
@@ -130,7 +131,7 @@ class Fills(FleetState):
             if key in self.held:
                 self.held.discard(key)
                 self.failed_views.pop(key, None)
-                self.dirty.add(key[1].removeprefix("rev-"))
+                self.dirty.add(model_of(key[1]))
 
     def resource(self, fill: Fill) -> None:
         """The fill's peer went away: go on with the rest from another source."""
@@ -149,7 +150,7 @@ class Fills(FleetState):
             k for k, v in self.failed_views.items() if k[0] == node and v.state == "failed"
         ]:
             del self.failed_views[key]
-            self.dirty.add(key[1].removeprefix("rev-"))
+            self.dirty.add(model_of(key[1]))
 
     def cancel_fill(self, fill: Fill) -> None:
         self.net.remove(fill.transfer)

@@ -65,6 +65,15 @@ class FleetState:
         self.notices: list[str] = []
         self.dirty: set[str] = set()
         self._seq = 0
+        #: Bytes of every revision the run releases (``ModelSpec.size_at``).
+        self.sizes = {
+            m.revision_at(k): m.size_at(k)
+            for m in catalog.models
+            for k in range(len(m.releases) + 1)
+        }
+        #: Superseded revisions the planner deleted from a node (``DeleteRevision``).
+        self.deleted: list[tuple[float, str, str]] = []
+        self.rollouts_finished = 0
         self._first_response = {
             m.name: get_profile(m.profile).prefill_time(catalog.startup.first_prompt_tokens)
             for m in catalog.models
@@ -79,17 +88,24 @@ class FleetState:
             return CacheView("warming")
         return self.failed_views.get((node.name, revision))
 
-    def node_views(self, revision: str, targets: set[str] | None) -> tuple[NodeView, ...]:
+    def node_views(self, model: str, targets: set[str] | None) -> tuple[NodeView, ...]:
+        """Each node as one endpoint's controller sees it: the model's revisions (the
+        current one and those released before it) and their cache states, so the planner
+        also sees a superseded revision still on disk (and deletes it once unused)."""
+        revisions = self.models[model].revisions
         out = []
         for n in self.nodes.values():
-            v = self.view(n, revision) if self.store else None
+            cache: tuple[tuple[str, CacheView], ...] = ()
+            if self.store:
+                views = ((rev, self.view(n, rev)) for rev in revisions)
+                cache = tuple((rev, v) for rev, v in views if v is not None)
             out.append(
                 NodeView(
                     name=n.name,
                     up=n.up,
                     slots=n.slots,
                     target=targets is None or n.name in targets,
-                    cache=((revision, v),) if v is not None else (),
+                    cache=cache,
                 )
             )
         return tuple(out)

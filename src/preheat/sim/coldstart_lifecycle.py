@@ -23,7 +23,7 @@ waited for is cancelled.
 from __future__ import annotations
 
 from preheat.control.state import CacheView, StartReplica
-from preheat.sim.coldstart_config import ModelSpec
+from preheat.sim.coldstart_config import ModelSpec, model_of
 from preheat.sim.coldstart_fills import Fills
 from preheat.sim.coldstart_replicas import ModelState, SimReplica, start_record
 from preheat.sim.coldstart_store import NodeDisk, Refusal
@@ -71,7 +71,7 @@ class Lifecycle(Fills):
         self.dirty.add(a.variant)
         self._image(r, ms.spec)
         if holds:
-            r.bytes_from = {"cache": ms.spec.size}
+            r.bytes_from = {"cache": self.sizes[a.revision]}
             node.lease(a.revision, r.id, now)
             r.leased = True
             self._weights_ready(r)
@@ -80,7 +80,7 @@ class Lifecycle(Fills):
         if fill is not None:
             fill.waiters.append(r.id)
             r.weights_source = fill.kind
-            r.bytes_from = {fill.kind: 0, "cache": ms.spec.size}
+            r.bytes_from = {fill.kind: 0, "cache": fill.size}
             return
         if r.image_source == "pull" and self.catalog.startup.image_pull == "before":
             r.deferred_fill = True  # the weights download waits for the image
@@ -89,7 +89,7 @@ class Lifecycle(Fills):
         self._own_fill(r, node, ms)
 
     def _own_fill(self, r: SimReplica, node: NodeDisk, ms: ModelState) -> None:
-        got = self._fill(node, ms.spec, r.id)
+        got = self._fill(node, r.revision, r.id)
         if isinstance(got, Refusal):
             if got.permanent:
                 self.failed_views[(r.node, r.revision)] = CacheView("unfit", reason=got.reason)
@@ -101,7 +101,7 @@ class Lifecycle(Fills):
             return
         got.waiters.append(r.id)
         r.weights_source = got.kind
-        r.bytes_from = {got.kind: ms.spec.size}
+        r.bytes_from = {got.kind: got.size}
 
     def _image(self, r: SimReplica, spec: ModelSpec) -> None:
         if spec.image is None:
@@ -149,7 +149,7 @@ class Lifecycle(Fills):
     def _run(self, r: SimReplica) -> None:
         """Image and weights are on the node: the runtime starts."""
         st = self.catalog.startup
-        size = self.models[r.model].spec.size
+        size = self.sizes[r.revision]
         t = self.agenda.now
         r.stamps["weights_ready"] = t
         if r.restarts:
@@ -188,7 +188,7 @@ class Lifecycle(Fills):
         )
         r.scheduled = self.agenda.now
         r.stamps = {}
-        r.weights_source, r.bytes_from = "cache", {"cache": ms.spec.size}
+        r.weights_source, r.bytes_from = "cache", {"cache": self.sizes[r.revision]}
         if ms.spec.image is not None:
             r.image_source = "cache"
             r.stamps["image_ready"] = self.agenda.now
@@ -207,7 +207,7 @@ class Lifecycle(Fills):
         del self.fills[(fill.node, fill.revision)]
         node = self.nodes[fill.node]
         now = self.agenda.now
-        model = fill.revision.removeprefix("rev-")
+        model = model_of(fill.revision)
         if self.store:
             spec = self.models[model].spec
             node.publish(

@@ -72,6 +72,23 @@ class ModelState:
     #: Failed starts in a row and when the next may begin (the live supervisor's backoff).
     start_failures: int = 0
     next_start_at: float = 0.0
+    #: Releases so far (``ModelSpec.releases``): the spec's revision is the latest.
+    release: int = 0
+
+    @property
+    def revision(self) -> str:
+        """The revision the spec asks for now (what the planner rolls the replicas to)."""
+        return self.spec.revision_at(self.release)
+
+    @property
+    def size(self) -> int:
+        return self.spec.size_at(self.release)
+
+    @property
+    def revisions(self) -> tuple[str, ...]:
+        """Every revision released so far, the current one first (the older ones may
+        still be on disks and serving until the rollout drains them)."""
+        return tuple(self.spec.revision_at(k) for k in range(self.release, -1, -1))
 
 
 def start_record(r: SimReplica, end: float, failure: str | None) -> StartRecord:

@@ -13,6 +13,12 @@ before a replica started: unmet while it lasted) or still ``open_at_end``. ``fil
 plus the crash restarts (each a start record of its own, ``warm_restart``) equals the
 starts made (finished plus still starting at the end).
 
+Version changes (``releases`` in the models file): ``releases`` made, rollouts that
+finished (``FinishRollout`` from a previous revision), superseded revisions the planner
+deleted from a node once no replica used them (``revisions_deleted``), and the bytes of
+superseded revisions still on the disks at the end (``superseded_bytes_at_end``); their
+starts are the ``new_version`` class.
+
 Queueing (``queue``, from ``coldstart_queue``): requests that arrived, waited, were
 dropped at the bound or still wait at the end; the wait p50/p99/max is over every
 request that was served (most wait 0).
@@ -28,7 +34,7 @@ from preheat.sim.coldstart_queue import summarize_queues
 from preheat.telemetry.stats import summarize_classes
 
 if TYPE_CHECKING:
-    from preheat.sim.coldstart import ColdStartSetup
+    from preheat.sim.coldstart_setup import ColdStartSetup
     from preheat.sim.coldstart_world import World
 
 __all__ = ["ColdStartResult", "summarize"]
@@ -50,6 +56,7 @@ def summarize(
     unmet_s: float,
     unmet_replica_s: float,
     interruptions: int,
+    releases: int,
     queues: dict[str, Any],
 ) -> ColdStartResult:
     records = world.records
@@ -88,6 +95,10 @@ def summarize(
     moved = dict(world.net.bytes_from)
     for t in world.net.transfers.values():  # still in flight at the end
         moved[kind(t.source)] = moved.get(kind(t.source), 0) + round(t.done)
+    current = {ms.revision for ms in world.models.values()}
+    superseded = sum(
+        s.size for n in world.nodes.values() for rev, s in n.snaps.items() if rev not in current
+    )
     in_progress = sum(1 for r in world.replicas.values() if r.phase == "starting")
     queue = summarize_queues(queues).to_dict()
     summary: dict[str, Any] = {
@@ -126,6 +137,10 @@ def summarize(
         "warmups": world.warmups,
         "evictions": len(world.evictions),
         "interruptions": interruptions,
+        "releases": releases,
+        "rollouts_finished": world.rollouts_finished,
+        "revisions_deleted": len(world.deleted),
+        "superseded_bytes_at_end": superseded,
         "demand": ledger,
         "unschedulable": unschedulable,
     }

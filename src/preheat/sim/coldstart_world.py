@@ -47,8 +47,9 @@ class World(Lifecycle):
             self.start_replica(a)
         elif isinstance(a, AddRoute):
             r = self.replicas.get(a.replica)
-            if r is not None and r.phase == "ready":
+            if r is not None and r.phase == "ready" and not r.routed:
                 r.routed = True
+                self.dirty.add(r.model)  # a rollout drains an old replica per routed new one
         elif isinstance(a, Drain):
             self.drain(a.replica, a.reason)
         elif isinstance(a, StopReplica):
@@ -66,6 +67,9 @@ class World(Lifecycle):
         elif isinstance(a, FinishRollout):
             ms = self.models[a.variant]
             ms.status = dataclasses.replace(ms.status, stable=a.revision)
+            if a.previous is not None:  # its predecessor is no longer kept for a rollback
+                self.rollouts_finished += 1
+                self.dirty.add(a.variant)
         elif isinstance(a, Rollback):
             ms = self.models[a.variant]
             ms.status = dataclasses.replace(
@@ -74,9 +78,16 @@ class World(Lifecycle):
         elif isinstance(a, Unschedulable):
             self.models[a.variant].unschedulable += a.missing
         elif isinstance(a, DeleteRevision):
+            # A superseded revision no replica uses (the live executor's delete_revision:
+            # its view goes, then the snapshot, and the room is free for held warm-ups).
+            key = (a.node, a.revision)
+            self.failed_views.pop(key, None)
+            self.held.discard(key)
             node = self.nodes.get(a.node)
             snap = node.snaps.get(a.revision) if node else None
             if node is not None and snap is not None and not snap.leases:
                 del node.snaps[a.revision]
+                self.deleted.append((self.agenda.now, a.node, a.revision))
+                self.space_changed(a.node)
         elif isinstance(a, Notice) and len(self.notices) < 100:
             self.notices.append(a.text)
