@@ -119,44 +119,66 @@ class CapacityIndex:
         prompt past the hashed prefix plus its output).
         """
         d = self._d
-        cap = self.max_holders
-        modelled = instance_id in self._cap
-        lru = self._lru.get(instance_id) if modelled else None
-        if modelled and lru is None:
-            lru = self._lru[instance_id] = OrderedDict()
-        used = self._used.get(instance_id, 0)
-        if lru is not None and tail_tokens >= MIN_TAIL:
-            self._anon -= 1
-            lru[self._anon] = tail_tokens
-            used += tail_tokens
+        get = d.get
         move = d.move_to_end
+        cap = self.max_holders
+        lru = None
+        if instance_id in self._cap:
+            lru = self._lru.get(instance_id)
+            if lru is None:
+                lru = self._lru[instance_id] = OrderedDict()
         # Deepest block first, so the root is the most recently used (evicted last).
-        for i in range(len(chain) - 1, -1, -1):
-            h = chain[i]
-            cur = d.get(h)
-            if cur is None:
-                d[h] = (instance_id,)
-            else:
+        if lru is None:
+            for i in range(len(chain) - 1, -1, -1):
+                h = chain[i]
+                cur = get(h)
+                if cur is None:
+                    d[h] = (instance_id,)
+                    continue
                 if instance_id not in cur:
                     if len(cur) >= cap:
                         self._drop_holder(h, cur[0])
                         cur = cur[1:]
                     d[h] = (*cur, instance_id)
                 move(h)
-            if lru is not None:
-                if h in lru:
-                    lru.move_to_end(h)
+        else:
+            used = self._used.get(instance_id, 0)
+            if tail_tokens >= MIN_TAIL:
+                self._anon -= 1
+                lru[self._anon] = tail_tokens
+                used += tail_tokens
+            lmove = lru.move_to_end
+            for i in range(len(chain) - 1, -1, -1):
+                h = chain[i]
+                cur = get(h)
+                if cur is not None and instance_id in cur:
+                    move(h)
+                    try:
+                        lmove(h)
+                        continue
+                    except KeyError:  # recorded while the capacity was unknown
+                        pass
+                elif cur is None:
+                    d[h] = (instance_id,)
                 else:
-                    t = block_tokens[i] if block_tokens is not None else 0
-                    lru[h] = t
-                    used += t
-        if lru is not None:
+                    if len(cur) >= cap:
+                        self._drop_holder(h, cur[0])
+                        cur = cur[1:]
+                    d[h] = (*cur, instance_id)
+                    move(h)
+                # Not a holder before, so not in its LRU (every path that drops a
+                # holder drops the block from its LRU too).
+                t = block_tokens[i] if block_tokens is not None else 0
+                lru[h] = t
+                used += t
             self._used[instance_id] = used
-            self._trim(instance_id)
-        while len(d) > self.max_entries:
-            h, holders = d.popitem(last=False)
-            for x in holders:
-                self._unlink(x, h)
+            if used > self._cap[instance_id] * CAPACITY_SLACK:
+                self._trim(instance_id)
+        if len(d) > self.max_entries:
+            while len(d) > self.max_entries:
+                h, holders = d.popitem(last=False)
+                for x in holders:
+                    self._unlink(x, h)
 
     def forget(self, instance_id: str) -> None:
         """Drop an instance that left the variant from every entry."""
@@ -188,23 +210,35 @@ class CapacityIndex:
         lru = self._lru.get(instance_id)
         if lru is None:
             return
+        d = self._d
+        pop = lru.popitem
+        evicted = 0
         while used > limit and lru:
-            h, t = lru.popitem(last=False)
+            h, t = pop(last=False)
             used -= t
             if h >= 0:
-                self._remove_holder(h, instance_id)
-                self.evicted_blocks += 1
+                evicted += 1
+                cur = d.get(h)
+                if cur is None or instance_id not in cur:
+                    continue
+                if len(cur) == 1:
+                    del d[h]
+                else:
+                    i = cur.index(instance_id)
+                    d[h] = cur[:i] + cur[i + 1 :]
+        self.evicted_blocks += evicted
         self._used[instance_id] = used
 
     def _remove_holder(self, h: int, instance_id: str) -> None:
         cur = self._d.get(h)
         if cur is None or instance_id not in cur:
             return
-        rest = tuple(x for x in cur if x != instance_id)
-        if rest:
-            self._d[h] = rest
-        else:
+        if len(cur) == 1:
             del self._d[h]
+            return
+        # Holders are distinct: dropping the one occurrence keeps the others' order.
+        i = cur.index(instance_id)
+        self._d[h] = cur[:i] + cur[i + 1 :]
 
     def _drop_holder(self, h: int, instance_id: str) -> None:
         """``instance_id`` is no longer a holder of block ``h`` (too many holders)."""

@@ -275,19 +275,26 @@ class PrefixHasher:
         """Where the blocks of an ``n``-character prefix end (see ``chain``)."""
         bc = self.block_chars
         cuts: list[int] = []
-        last = 0
-        for end in (*boundaries, n):
-            end = min(end, n)
-            pos = (cuts[-1] if cuts else 0) + bc
-            while pos < end:
-                cuts.append(pos)
-                pos += bc
-            last = cuts[-1] if cuts else 0
-            if end - last >= MIN_CUT or (end == n and end > last):
-                cuts.append(end)
-                last = end
+        add = cuts.append
+        last = 0  # the last cut (0: none yet)
+        for end in boundaries:
             if end >= n:
-                break
+                break  # the end of the prefix closes it below
+            pos = last + bc
+            while pos < end:
+                add(pos)
+                last = pos
+                pos += bc
+            if end - last >= MIN_CUT:
+                add(end)
+                last = end
+        pos = last + bc
+        while pos < n:
+            add(pos)
+            last = pos
+            pos += bc
+        if n > last:
+            add(n)
         return cuts
 
     def chain_parts(

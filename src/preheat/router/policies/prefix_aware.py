@@ -134,9 +134,15 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._pos: dict[str, int] = {}
         self._recent: dict[str, float] = {}
         self._rl: list[float] = []
-        # Positions into ``_rl`` by ascending recent count: the least-loaded instance under
-        # the in-flight bound is the first of them below it, found without a full pass.
+        # Positions into ``_rl`` by ascending recent count, equal counts in the order they
+        # last grew (the untouched by position): the least-loaded instance under the
+        # in-flight bound is the first of them below it. Only ``learned`` reads it, so it
+        # is kept up to date only under ``learned`` and sorted again when read stale.
         self._order: list[int] = []
+        self._order_ok = True
+        # Per position: the decision at which its count last grew (-1: not since _sync).
+        self._grew: list[int] = []
+        self._tick = 0
         self._last: Sequence[InstT] | None = None
         self._g = 1.0
         # hybrid: decayed request counts per home key (router/policies/hybrid.py).
@@ -212,6 +218,8 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._pos = {x: j for j, x in enumerate(ids)}
             self._rl = [self._recent.get(x, 0.0) for x in ids]
             self._order = sorted(range(len(ids)), key=self._rl.__getitem__)
+            self._order_ok = True
+            self._grew = [-1] * len(ids)
             self._weights_ok = False
 
     def choose(self, request: RouteRequest, instances: Sequence[InstT]) -> Choice[InstT]:
@@ -297,7 +305,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             loads,
             seeds,
             self._rl,
-            self._order,
+            self._ordered(),
             self._g,
             epsilon=p.balance_epsilon,
             load_weight=p.load_weight,
@@ -352,17 +360,37 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         if j is not None and j < len(self._ids) and self._ids[j] == iid:
             rl = self._rl
             rl[j] += g
-            order = self._order
-            order.remove(j)
-            insort(order, j, key=rl.__getitem__)
+            self._grew[j] = self._tick
+            self._tick += 1
+            if self._order_ok and placement == "learned":
+                order = self._order
+                order.remove(j)
+                insort(order, j, key=rl.__getitem__)
+            else:
+                self._order_ok = False
         else:
             self._recent[iid] = self._recent.get(iid, 0.0) + g
         if g > 1e12:
+            # Dividing can make two counts equal: fix the order first, as it was, and
+            # stamp it so a later sort keeps it.
+            order = self._ordered()
+            grew = self._grew
+            for r, j in enumerate(order):
+                grew[j] = r - len(order)
             self._rl = [c / g for c in self._rl]
             for k in self._recent:
                 self._recent[k] /= g
             self._hybrid.rescale(g)
             self._g = 1.0
+
+    def _ordered(self) -> list[int]:
+        """``_order``, sorted again if decisions were made without keeping it: by count,
+        then when it last grew, then position, which is the order ``insort`` keeps."""
+        if not self._order_ok:
+            rl, grew = self._rl, self._grew
+            self._order = sorted(range(len(rl)), key=lambda j: (rl[j], grew[j], j))
+            self._order_ok = True
+        return self._order
 
     def on_done(
         self, request: RouteRequest, choice: Choice[InstT], *, ok: bool, cached_tokens: int | None
