@@ -17,8 +17,8 @@
   Leases admit every fill (holders are not peers: only a won slot admits), so the
   cluster's origin budget holds without peers too (as ``runtime.peering.OriginGate`` in
   the local fleet).
-- **Room**: once admitted, a warm-up makes room without evicting another warm-up's copy
-  no pod has used yet (``room``: ``agent_warmups.Warmups.room``).
+- **Room**: once admitted, a warm-up's fill evicts no other warm-up's copy no pod has
+  used yet (its ``spare``: ``agent_warmups.Warmups.room``, ``NodeStore.apull``).
 - **Seeds** (as in local mode, ``runtime.peering``): every fill publishes its progress
   in ``status.peer.filling`` (pieces landed per blob, bounded, at most every
   ``progress_s``) and lists the blobs it has published; a ``peer`` fill re-reads the
@@ -169,11 +169,11 @@ class AgentPeers:
         progress: Callable[[int, int], None],
         publish: Callable[[], Any],
         on_wait: Callable[[str], None] = lambda _why: None,
-        room: Callable[[str, str | None], Awaitable[None]] | None = None,
+        room: Callable[[str, str | None], Awaitable[frozenset[str]]] | None = None,
     ) -> PullResult:
         """Warm ``revision`` of ``source`` through the fan-out (see the module docstring);
         ``publish()`` writes this node's NodeCache status (blocking); ``room(source,
-        revision)``, once admitted, makes room for the fill (``agent_warmups``)."""
+        revision)``, once admitted, says what the fill's eviction spares (``agent_warmups``)."""
         started = time.monotonic()
         settings = await asyncio.to_thread(self.settings)
         budget = settings.budget
@@ -201,11 +201,11 @@ class AgentPeers:
             seed_gone=2 * self.cfg.poll_s + 1,
         )  # fmt: skip
         try:
-            if room is not None:
-                await room(source, rev)
+            spare = frozenset() if room is None else await room(source, rev)
             res = await self.store.apull(
                 source, revision=rev, progress=progress, peers=fill if peers else None,
                 origin_limiter=limiter, chunk=PIECE_SIZE, rate_limit=settings.node_bandwidth,
+                spare=spare,
             )  # fmt: skip
             self._record(res, mode, fill.peer_bytes, started)
             if fill.seed_stalls:
