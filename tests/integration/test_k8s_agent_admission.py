@@ -171,7 +171,7 @@ def test_an_agent_without_peer_flags_keeps_to_the_origin_budget(world: World) ->
             lambda: "waiting for an origin slot for" in plain.log.read_text(),
             timeout=30,
         )
-        time.sleep(1.0)  # a poll or two: still waiting, nothing held
+        time.sleep(0.5)  # a moment later: still waiting, nothing held
         assert _ready(kube, PLAIN, revision) is None, _nodecache(kube, PLAIN).get("status")
         _hold_slot(kube, None)
         until("plain Ready", lambda: _ready(kube, PLAIN, revision), timeout=30)
