@@ -58,7 +58,8 @@ MODEL_BYTES = 3_000_000
 @pytest.fixture(scope="module")
 def kube(kube_session: KubeCluster) -> Iterator[KubeCluster]:
     """This module's share of the session cluster: namespace k8s-agent, three stand-in
-    nodes and the rendered agent RBAC (all removed when this module ends)."""
+    nodes and the rendered agent RBAC, its settings Role included (all removed when this
+    module ends)."""
     nodes = {name: ({"pool": "gpu"} if name != "agt-c" else {}) for name in NODES}
     with kube_share(kube_session, namespaces=[NS], nodes=nodes) as cluster:
         rbac = [
@@ -68,6 +69,11 @@ def kube(kube_session: KubeCluster) -> Iterator[KubeCluster]:
             or (
                 m["metadata"]["name"] == "preheat-agent"
                 and m["kind"] in {"ClusterRole", "ClusterRoleBinding"}
+            )
+            # the settings and slot Leases a plain agent reads too (agent_peers.OriginOnly)
+            or (
+                m["metadata"]["name"] == "preheat-agent-peers"
+                and m["kind"] in {"Role", "RoleBinding"}
             )
         ]
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))

@@ -4,7 +4,8 @@ One stand-in node, one `preheat agent --peer-port ...` whose settings (its own n
 `preheat-settings` ConfigMap) say `peers: {enabled: false}` and `concurrentFills: 1`, a
 store with room for one model, and two 1 MB models behind nginx. What is checked: a
 warm-up waits for an origin slot Lease (holders are not peers), and a warm-up's fill does
-not evict another warm-up's copy that no pod has used yet.
+not evict another warm-up's copy that no pod has used yet; and a plain `preheat agent`
+(no peer flags, `--namespace` this module's) on a second node keeps to the same budget.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from preheat.testing.kube import KubeCluster
 from preheat.testing.kubespace import kube_share
 from preheat.testing.kubewait import until
 from preheat.testing.origins import nginx_origin
-from tests.integration.test_k8s_agent import _create_cache, _nodecache
+from tests.integration.test_k8s_agent import Agent, _create_cache, _nodecache
 from tests.integration.test_k8s_peers import PeerAgent, _ready
 
 pytestmark = pytest.mark.kubernetes
 
 NS = "k8s-swarm"
 NODE = "swarm-a"
+PLAIN = "swarm-plain"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
 SIZE = 1_000_000
 
@@ -64,7 +66,7 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
         "data": {"settings.yaml": yaml.safe_dump(settings)},
     }  # fmt: skip
     with (
-        kube_share(kube_session, namespaces=[NS], nodes={NODE: {}}) as kube,
+        kube_share(kube_session, namespaces=[NS], nodes={NODE: {}, PLAIN: {}}) as kube,
         nginx_origin(base / "origin") as origin,
     ):
         kube.rest().must("POST", f"/api/v1/namespaces/{NS}/configmaps", cm)
@@ -128,3 +130,53 @@ def test_a_warm_up_never_evicts_an_unused_warmed_copy(world: World) -> None:
     held = {r["revision"] for r in status["revisions"] if r["state"] == "Ready"}
     assert held == {first}, (status["revisions"], failure)
     assert "WarmupDeferred" in str(failure) and "warmed copy" in str(failure), failure
+
+
+class PlainAgent(Agent):
+    """An agent without peer flags whose settings and slot Leases are this module's."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--namespace", NS]
+
+
+def _hold_slot(kube: KubeCluster, holder: str | None) -> None:
+    """Set the holder of the only origin slot Lease (created when absent)."""
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": 3600}
+    status, out = kube.rest().call("PATCH", f"{LEASES}/preheat-origin-0", {"spec": spec},
+                                   content_type="application/merge-patch+json")  # fmt: skip
+    if status == 404:
+        meta = {"name": "preheat-origin-0", "labels": {"preheat.dev/origin-slot": "true"}}
+        kube.rest().must("POST", LEASES, {"apiVersion": "coordination.k8s.io/v1",
+                                          "kind": "Lease", "metadata": meta, "spec": spec})  # fmt: skip
+    elif status != 200:
+        raise AssertionError(f"PATCH of the origin slot Lease answered {status}: {out}")
+
+
+def test_an_agent_without_peer_flags_keeps_to_the_origin_budget(world: World) -> None:
+    """An agent started without ``--peer-port`` reads ``preheat-settings`` too: while
+    another node holds the only origin slot Lease its warm-up waits, then takes the slot,
+    fills and frees it; it publishes no ``status.peer``."""
+    kube = world.kube
+    base = world.agent.store.parent
+    # the other tests' node stops retrying its deferred warm-up (it would take the slot)
+    kube.rest().call("DELETE", f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/modeldatacaches/s2")
+    _hold_slot(kube, "other-node/x")  # the Lease the first test made and freed
+    plain = PlainAgent(PLAIN, base / "plain-store", kube.kubeconfig, base / "plain.log")
+    try:
+        plain.start()
+        revision = _revision(world, "s2")
+        _create_cache(kube, "plain", world.urls["s2"], revision, [PLAIN], namespace=NS)
+        until(
+            "plain warm-up waiting for the slot",
+            lambda: "waiting for an origin slot for" in plain.log.read_text(),
+            timeout=30,
+        )
+        time.sleep(0.5)  # a moment later: still waiting, nothing held
+        assert _ready(kube, PLAIN, revision) is None, _nodecache(kube, PLAIN).get("status")
+        _hold_slot(kube, None)
+        until("plain Ready", lambda: _ready(kube, PLAIN, revision), timeout=30)
+        lease = kube.rest().get(f"{LEASES}/preheat-origin-0")
+        assert not lease["spec"].get("holderIdentity"), lease  # it freed its slot
+        assert "peer" not in (_nodecache(kube, PLAIN).get("status") or {})
+    finally:
+        plain.stop()

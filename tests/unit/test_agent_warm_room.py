@@ -1,5 +1,6 @@
-"""The node agent's warm-ups without peer flags (``agent_warmups.Warmups``): room by plan
-(``runtime.warm_room``), against a real store and file:// models under ``tmp_path``."""
+"""The node agent's warm-ups without peer flags (``agent_warmups.Warmups``): their fills
+spare the unused warmed copies (``runtime.warm_room``, recorded in the store across a
+restart), against a real store and file:// models under ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -49,3 +50,41 @@ async def test_a_plain_agent_warm_up_never_evicts_an_unused_warmed_copy(tmp_path
         assert first.digest not in {s.digest for s in store.snapshots()}
     finally:
         warmups.cancel_all()
+
+
+async def test_the_agent_spares_a_copy_warmed_before_its_restart_and_a_racing_fill(
+    tmp_path: Path,
+) -> None:
+    """A copy warmed before the agent restarted (new store object, new warm-ups) is still
+    spared by the new agent's warm-up, also when another fill takes the free room between
+    the warm-up's look at the store (``room``) and its reservation: the used copy goes."""
+    for i, name in enumerate(("w", "o", "a", "b")):
+        generate_model(tmp_path / name, 1_000_000, shards=1, seed=i + 7)
+    w, o, a, b = (f"file://{tmp_path / n}" for n in ("w", "o", "a", "b"))
+    root = tmp_path / "store"
+    cfg = AgentConfig(node="n0", store=root, backoff_s=0.05, backoff_max_s=0.1)
+    before = Warmups(cfg, NodeStore(root, capacity=3_500_000, fsync=False), AgentMetrics(),
+                     asyncio.Event())  # fmt: skip
+    before.ensure({"w": (w, None)})
+    await _until("w warmed", lambda: "w" not in before.warms)
+    (wd,) = {s.digest for s in before.store.snapshots()}
+    # the agent restarts: a new store object and new warm-ups over the same directory
+    store = NodeStore(root, capacity=3_500_000, fsync=False)
+    od = (await store.apull(o)).manifest_digest
+    store.lease(od, "pod:ns/o:uid")
+    store.release(od, "pod:ns/o:uid")
+
+    class Racing(Warmups):
+        async def room(self, source: str, revision: str | None) -> frozenset[str]:
+            spare = await super().room(source, revision)
+            await store.apull(b)  # another fill takes the room now
+            return spare
+
+    after = Racing(cfg, store, AgentMetrics(), asyncio.Event())
+    try:
+        after.ensure({"a": (a, None)})
+        await _until("a warmed", lambda: "a" not in after.warms)
+        held = {s.digest for s in store.snapshots()}
+        assert wd in held and od not in held, after.last_failure
+    finally:
+        after.cancel_all()

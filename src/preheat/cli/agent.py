@@ -52,7 +52,8 @@ from preheat.errors import ConfigError
 @click.option(
     "--peer-port", type=click.IntRange(0, 65535), default=None,
     help="Serve this node's blobs to the other agents on PORT and fill from them "
-    "(needs --peer-token-file; 0: any free port). Without it: origin only.",
+    "(needs --peer-token-file; 0: any free port). Without it: origin only, within the "
+    "cluster's origin budget (--namespace).",
 )  # fmt: skip
 @click.option(
     "--peer-token-file", type=click.Path(dir_okay=False, path_type=Path),
@@ -65,7 +66,8 @@ from preheat.errors import ConfigError
 )  # fmt: skip
 @click.option(
     "--namespace", "peer_namespace", default="preheat-system", show_default=True,
-    help="Namespace of the origin slot Leases and the preheat-settings ConfigMap.",
+    help="Namespace of the origin slot Leases and the preheat-settings ConfigMap (read "
+    "with or without peers: origin.budget.concurrentFills holds for every agent).",
 )  # fmt: skip
 @click.option(
     "--lease-seconds", type=click.FloatRange(1), default=15.0, show_default=True,
@@ -115,12 +117,14 @@ def agent(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        peers = None
+        from preheat.runtime.kubernetes.agent_peers import OriginOnly
+        from preheat.runtime.kubernetes.agent_peers_config import PeerConfig
+
         if (peer_port is None) != (peer_token_file is None):
             raise ConfigError("--peer-port and --peer-token-file go together; pass both or neither")
+        # without peer flags: no peers, but the cluster's origin budget (agent_peers)
+        peers: PeerConfig = OriginOnly(namespace=peer_namespace, lease_seconds=lease_seconds)
         if peer_port is not None and peer_token_file is not None:
-            from preheat.runtime.kubernetes.agent_peers_config import PeerConfig
-
             peers = PeerConfig(
                 token_file=peer_token_file, port=peer_port, host=peer_host or host,
                 url=peer_url, namespace=peer_namespace, lease_seconds=lease_seconds,

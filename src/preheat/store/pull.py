@@ -114,7 +114,9 @@ class Puller:
             return PullResult(
                 self.layout.snapshot(known), res.revision, known, 0, total, time.monotonic() - t0
             )
-        manifest, wants, reservation = await asyncio.to_thread(self._prepare, ref, res, source)
+        manifest, wants, reservation = await asyncio.to_thread(
+            self._prepare, ref, res, source, opts.spare
+        )
         stats = FillStats(total=total)
         stats.reused = total - sum(w.size * len(w.paths) for w in wants.values())
         try:
@@ -168,12 +170,13 @@ class Puller:
         return known
 
     def _prepare(
-        self, ref: ArtifactRef, res: Resolution, source: Any
+        self, ref: ArtifactRef, res: Resolution, source: Any, spare: frozenset[str]
     ) -> tuple[Manifest, dict[str, _Want], Reservation]:
         """Plan the fill and reserve its space (evicting if it must). A source with
         ``linked_bytes`` (``oci://``: tar members it staged in the store's tmp/) says how
         many of the wanted bytes are on the store's disk already, to be linked, not
-        written: the disk's free space is not asked to hold those twice."""
+        written: the disk's free space is not asked to hold those twice. ``spare``: the
+        snapshots the reservation's eviction must not take (``Space.reserve``)."""
         linked = getattr(source, "linked_bytes", None)
         for _attempt in range(3):
             manifest, wants, present = self._plan(res)
@@ -181,7 +184,7 @@ class Puller:
             on_disk = 0
             if linked is not None:
                 on_disk = linked({w.expected: w.size for w in wants.values() if w.expected})
-            reservation = self.space.reserve(ref.text, need, present, on_disk=on_disk)
+            reservation = self.space.reserve(ref.text, need, present, on_disk=on_disk, spare=spare)
             if all(self.layout.blob(d).exists() for d in present):
                 return manifest, wants, reservation
             # another process evicted a blob between our look and our reservation

@@ -27,6 +27,9 @@ class PullOptions:
     #: token bucket; both None for a plain origin pull.
     peers: Any = None
     origin_limiter: RateLimiter | None = None
+    #: Snapshot digests this fill's eviction must not take (a warm-up sparing the warmed
+    #: copies no replica has used yet, ``store.space``).
+    spare: frozenset[str] = frozenset()
 
     def check(self) -> None:
         if self.connections < 1:

@@ -3,7 +3,11 @@
 A fill reserves the bytes it will write before it fetches any; when the store is short,
 an eviction plan (``store.evict.plan_eviction``) frees room first, and when even evicting
 everything evictable is not enough the fill is refused with ``InsufficientSpace`` and the
-numbers. Blobs a fill in flight needs are recorded with its reservation, so no other
+numbers. A warm-up's fill passes ``spare`` (the warmed copies no replica has used yet,
+``runtime.warm_room``): its eviction plan, made under the same write lock as the
+reservation, never takes those, so no other fill can slip in between a warm-up's eviction
+and its reservation; when only spared copies could make the room it is refused with
+``WarmupDeferred`` (retried later) instead. Blobs a fill in flight needs are recorded with its reservation, so no other
 eviction takes them. Execution removes pointers first (DB rows, snapshot directories)
 and blobs last.
 """
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from preheat.artifacts.refs import redact_url
 from preheat.config import format_size
-from preheat.errors import InsufficientSpace
+from preheat.errors import InsufficientSpace, WarmupDeferred
 from preheat.store.db import Db
 from preheat.store.db_tx import Tx
 from preheat.store.evict import EvictionPlan, plan_eviction
@@ -81,6 +85,18 @@ def _refusal(ref: str, need: int, u: Usage, evictable: int) -> InsufficientSpace
     return err
 
 
+def _deferred(ref: str, need: int, u: Usage, evictable: int, kept: int, n: int) -> WarmupDeferred:
+    err = WarmupDeferred(
+        f"warming {redact_url(ref)} needs {format_size(need - u.free)} more room and only "
+        f"{format_size(evictable)} is evictable without {n} warmed "
+        f"cop{'y' if n == 1 else 'ies'} no replica has used yet ({format_size(kept)}); a "
+        "warm-up never evicts those; retried later (a replica's use frees them for "
+        "eviction), or raise the node's capacity"
+    )
+    err.need, err.free, err.evictable = need - u.free, u.free, evictable
+    return err
+
+
 class Space:
     """Capacity accounting and eviction for one store."""
 
@@ -112,14 +128,22 @@ class Space:
             return plan_eviction(tx.infos(), tx.blob_sizes(), free_bytes, tx.protected_blobs())
 
     def reserve(
-        self, ref: str, need: int, present: Iterable[str], *, on_disk: int = 0
+        self,
+        ref: str,
+        need: int,
+        present: Iterable[str],
+        *,
+        on_disk: int = 0,
+        spare: frozenset[str] = frozenset(),
     ) -> Reservation:
         """Reserve ``need`` bytes, evicting by plan if needed; refuse with the numbers if even
         evicting everything evictable would not make room. Blobs in ``present`` are
         protected from every eviction (this pull links them) until ``release``. Of
         ``need``, ``on_disk`` bytes are files already on the store's filesystem that the
         fill links into ``blobs/`` (staged tar members, see ``sources.oci_stage``): the
-        disk's free space need not hold them again, the capacity still counts them."""
+        disk's free space need not hold them again, the capacity still counts them.
+        ``spare``: snapshot digests the eviction must not take (a warm-up's fill, module
+        docstring); ``WarmupDeferred`` when only they could make the room."""
         rid = uuid.uuid4().hex
         keep = set(present)
         lock = self.layout.tmp / f"reservation-{rid}.lock"
@@ -136,11 +160,7 @@ class Space:
                             path.unlink()
                 u = self.usage_in(tx, on_disk=min(max(0, on_disk), need))
                 if need > u.free:
-                    protected = keep | tx.protected_blobs()
-                    plan = plan_eviction(tx.infos(), tx.blob_sizes(), need - u.free, protected)
-                    if not plan.enough:
-                        raise _refusal(ref, need, u, plan.frees)
-                    self.execute_in(tx, plan, trash)
+                    self._evict_for(tx, ref, need, u, keep, spare, trash)
                 tx.add_reservation(rid, need, os.getpid(), keep)
         except BaseException:
             os.close(fd)
@@ -149,6 +169,29 @@ class Space:
         finally:
             empty_trash(trash)
         return Reservation(rid, lock, fd)
+
+    def _evict_for(
+        self,
+        tx: Tx,
+        ref: str,
+        need: int,
+        u: Usage,
+        keep: set[str],
+        spare: frozenset[str],
+        trash: list[Path],
+    ) -> None:
+        """Evict by plan (sparing ``spare``) so ``need`` bytes fit, or refuse (in ``tx``)."""
+        infos, sizes = tx.infos(), tx.blob_sizes()
+        protected = keep | tx.protected_blobs()
+        plan = plan_eviction(infos, sizes, need - u.free, protected, spare)
+        if not plan.enough:
+            full = plan if not spare else plan_eviction(infos, sizes, need - u.free, protected)
+            if full.enough:
+                kept = [s for s in infos if s.digest in spare and s.evictable]
+                size = sum(s.size for s in kept)
+                raise _deferred(ref, need, u, plan.frees, size, len(kept))
+            raise _refusal(ref, need, u, full.frees)
+        self.execute_in(tx, plan, trash)
 
     def protect(self, res: Reservation, digest: str, size: int, fingerprint: str) -> bool:
         """Record a blob this fill has (fetched or found) under its reservation: protected

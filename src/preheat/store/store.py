@@ -87,22 +87,18 @@ class NodeStore:
         progress: Progress | None = None,
         chunk: int = DEFAULT_CHUNK,
         revision: str | None = None,
+        spare: frozenset[str] = frozenset(),
     ) -> PullResult:
         """Resolve ``ref``, fetch what is missing, publish a verified snapshot (blocking).
 
         ``rate_limit`` caps bytes/s over all connections; ``chunk`` is the size of one
         ranged request (and the unit a resumed fill skips). With ``revision``, the pull
         fails with ``RevisionChanged`` before fetching anything if ``ref`` now resolves
-        to a different revision (an endpoint pins the revision it resolved once)."""
-        coro = self.apull(
-            ref,
-            endpoint_url=endpoint_url,
-            rate_limit=rate_limit,
-            connections=connections,
-            progress=progress,
-            chunk=chunk,
-            revision=revision,
-        )
+        to a different revision (an endpoint pins the revision it resolved once).
+        ``spare``: snapshots this fill's eviction must not take (``store.space``)."""
+        coro = self.apull(ref, endpoint_url=endpoint_url, rate_limit=rate_limit,
+                          connections=connections, progress=progress, chunk=chunk,
+                          revision=revision, spare=spare)  # fmt: skip
         try:
             import uvloop
 
@@ -122,11 +118,13 @@ class NodeStore:
         revision: str | None = None,
         peers: Any = None,
         origin_limiter: RateLimiter | None = None,
+        spare: frozenset[str] = frozenset(),
     ) -> PullResult:
         """``pull`` for callers that already run an event loop; ``peers`` (a
         ``sources.peer.PeerFill``) fetches pieces from peers first, ``origin_limiter``
         caps the origin bytes/s shared with other pulls (``docs/peers.md``)."""
-        opts = PullOptions(rate_limit, connections, progress, chunk, peers, origin_limiter)
+        opts = PullOptions(rate_limit, connections, progress, chunk, peers, origin_limiter,
+                           frozenset(spare))  # fmt: skip
         return await self._puller.apull(ref, opts, endpoint_url=endpoint_url, revision=revision)
 
     # --- space --------------------------------------------------------------------------

@@ -17,8 +17,13 @@
   Leases admit every fill (holders are not peers: only a won slot admits), so the
   cluster's origin budget holds without peers too (as ``runtime.peering.OriginGate`` in
   the local fleet).
-- **Room**: once admitted, a warm-up makes room without evicting another warm-up's copy
-  no pod has used yet (``room``: ``agent_warmups.Warmups.room``).
+- **Without peer flags** (``OriginOnly``, what ``preheat agent`` passes then): no peer
+  server and no peer fills, but the same settings and, when ``origin.budget.
+  concurrentFills`` is set, the same origin slot Leases admit each warm-up, so the
+  cluster's budget holds for every agent (without a budget it fills at once, as before);
+  its NodeCache gets no ``status.peer``.
+- **Room**: once admitted, a warm-up's fill evicts no other warm-up's copy no pod has
+  used yet (its ``spare``: ``agent_warmups.Warmups.room``, ``NodeStore.apull``).
 - **Seeds** (as in local mode, ``runtime.peering``): every fill publishes its progress
   in ``status.peer.filling`` (pieces landed per blob, bounded, at most every
   ``progress_s``) and lists the blobs it has published; a ``peer`` fill re-reads the
@@ -37,8 +42,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from preheat.control.fanout import (
@@ -73,9 +81,18 @@ from preheat.store.results import PullResult
 from preheat.telemetry.records import WarmupRecord
 from preheat.telemetry.warmups import WarmupCollector
 
-__all__ = ["AgentPeers", "NodeCachePeers"]
+__all__ = ["AgentPeers", "NodeCachePeers", "OriginOnly"]
 
 log = logging.getLogger("preheat.agent")
+
+
+@dataclass(frozen=True)
+class OriginOnly(PeerConfig):
+    """An agent started without ``--peer-port``: it serves and uses no peers, and keeps to
+    the cluster's origin budget (module docstring; ``namespace``: of the settings and the
+    slot Leases)."""
+
+    token_file: Path = Path(os.devnull)  # no token: nothing is served or fetched from peers
 
 
 class NodeCachePeers(NodeCacheView):
@@ -105,9 +122,15 @@ class AgentPeers:
         self.cfg = pcfg
         self.store = store
         self.core = client.CoreV1Api(api_client)
-        token = read_token(pcfg.token_file)
+        #: False for an ``OriginOnly`` agent: no server, no peer fills.
+        self.serving = not isinstance(pcfg, OriginOnly)
+        token = read_token(pcfg.token_file) if self.serving else ""
         self.book = PieceBook()
-        self.server = PeerServer(store.layout, token, self.book, host=pcfg.host, port=pcfg.port)
+        self.server = (
+            PeerServer(store.layout, token, self.book, host=pcfg.host, port=pcfg.port)
+            if self.serving
+            else None
+        )
         self.client = PeerClient(token)
         del token
         self.directory = NodeCachePeers(client.CustomObjectsApi(api_client), node)
@@ -126,15 +149,19 @@ class AgentPeers:
 
     @property
     def url(self) -> str:
-        return self.cfg.url or self.server.url
+        return self.cfg.url or (self.server.url if self.server is not None else "")
 
     async def start(self) -> None:
+        if self.server is None:
+            log.info("no peers; warm-ups keep to the origin budget in %s", self.cfg.namespace)
+            return
         await self.server.start()
         log.info("serving peers on %s", self.url)
 
     async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.server.stop()
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await self.server.stop()
         await self.client.aclose()
 
     # --- status ---------------------------------------------------------------------
@@ -142,7 +169,10 @@ class AgentPeers:
     def status_fields(self) -> dict[str, Any]:
         """``status.peer`` and ``status.warmups`` of this node's NodeCache: the blobs of
         held revisions and those a fill in progress has published already, and the
-        progress of the blobs still filling (``nodecache_peers``)."""
+        progress of the blobs still filling (``nodecache_peers``); nothing for an
+        ``OriginOnly`` agent."""
+        if not self.serving:
+            return {}
         layout = self.store.layout
         blobs = {d for ds in list(self._pulling.values()) for d in ds if layout.blob(d).exists()}
         for info in self.store.snapshots():
@@ -169,11 +199,11 @@ class AgentPeers:
         progress: Callable[[int, int], None],
         publish: Callable[[], Any],
         on_wait: Callable[[str], None] = lambda _why: None,
-        room: Callable[[str, str | None], Awaitable[None]] | None = None,
+        room: Callable[[str, str | None], Awaitable[frozenset[str]]] | None = None,
     ) -> PullResult:
         """Warm ``revision`` of ``source`` through the fan-out (see the module docstring);
         ``publish()`` writes this node's NodeCache status (blocking); ``room(source,
-        revision)``, once admitted, makes room for the fill (``agent_warmups``)."""
+        revision)``, once admitted, says what the fill's eviction spares (``agent_warmups``)."""
         started = time.monotonic()
         settings = await asyncio.to_thread(self.settings)
         budget = settings.budget
@@ -184,15 +214,18 @@ class AgentPeers:
         rev = revision or rev
         me = f"{self.node}/{rev}"
         names = origin_slot_names(budget, rev)
-        peers = settings.enabled
-        mode, slot = await self._admit(rev, blobs, names, budget, me, on_wait, peers=peers)
+        peers = settings.enabled and self.serving
+        if self.serving or budget.concurrent_fills is not None:
+            mode, slot = await self._admit(rev, blobs, names, budget, me, on_wait, peers=peers)
+        else:  # an OriginOnly agent without a budget: nothing to keep to
+            mode, slot = Mode.ORIGIN, None
         self._pulling[rev] = blobs  # its published blobs are listed while it fills
         # while it fills: the slot renewed, this node's progress published, and the view
         # of the others (holders, seeds' progress) kept fresh for the fill's pieces
         tasks = [asyncio.create_task(self._every(self.cfg.progress_s, publish))]
         if slot is not None:
             tasks.append(asyncio.create_task(self._renew(slot, me)))
-        else:
+        elif peers:
             look = functools.partial(self._look_sync, rev, blobs, names)
             tasks.append(asyncio.create_task(self._every(self.cfg.poll_s, look)))
         fill = PeerFill(
@@ -201,11 +234,11 @@ class AgentPeers:
             seed_gone=2 * self.cfg.poll_s + 1,
         )  # fmt: skip
         try:
-            if room is not None:
-                await room(source, rev)
+            spare = frozenset() if room is None else await room(source, rev)
             res = await self.store.apull(
                 source, revision=rev, progress=progress, peers=fill if peers else None,
                 origin_limiter=limiter, chunk=PIECE_SIZE, rate_limit=settings.node_bandwidth,
+                spare=spare,
             )  # fmt: skip
             self._record(res, mode, fill.peer_bytes, started)
             if fill.seed_stalls:

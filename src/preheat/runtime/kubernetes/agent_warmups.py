@@ -3,13 +3,14 @@
 origin fails; and the pins and priorities the targeting caches ask of the store.
 
 A warm-up's fill never evicts another warm-up's copy that no pod has used yet
-(``runtime.warm_room.WarmCopies``, as in the local fleet): before it fills (after its
-origin admission, with peers) it makes room by plan, sparing those copies, or it fails
-with ``WarmupDeferred`` (the numbers in ``lastFailure``) and is retried with the back-off,
-until a pod's lease of a copy frees that copy for eviction, or room appears. In
-Kubernetes mode every pull into the node store is a warm-up (a cold pod pulls into its own
-``emptyDir``, ``snapshot_init``), so only the store's other rules (pins, leases,
-priority) decide beyond that."""
+(``runtime.warm_room.WarmCopies``, recorded in the node store so an agent restart keeps
+them): once admitted (after its origin admission, with peers) it passes those copies as
+``spare`` to the store's pull, whose reservation evicts by plan around them under the
+store's lock, or fails with ``WarmupDeferred`` (the numbers in ``lastFailure``) and is
+retried with the back-off, until a pod's lease of a copy frees that copy for eviction, or
+room appears. In Kubernetes mode every pull into the node store is a warm-up (a cold pod
+pulls into its own ``emptyDir``, ``snapshot_init``), so only the store's other rules
+(pins, leases, priority) decide beyond that."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from preheat.artifacts.refs import redact_url
 from preheat.errors import PreheatError
 from preheat.runtime.kubernetes.agent_config import AgentConfig
 from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
-from preheat.runtime.peering import resolve_room
 from preheat.runtime.warm_room import WarmCopies
 from preheat.store import NodeStore
 from preheat.store.results import PullResult
@@ -69,12 +69,11 @@ class Warmups:
         #: This agent's warm-ups' copies no pod has used yet (spared by later warm-ups).
         self.copies = WarmCopies()
 
-    async def room(self, source: str, revision: str | None) -> None:
-        """Room for a warm-up of ``source`` that evicts no unused warmed copy (module
-        docstring); raises ``WarmupDeferred`` when only those copies could make it."""
-        rev, size = await resolve_room(source, self.store.layout)
-        what = (revision or rev)[:12]
-        await asyncio.to_thread(self.copies.make_room, self.cfg.node, self.store, size, what)
+    async def room(self, source: str, revision: str | None) -> frozenset[str]:
+        """The ``spare`` of a warm-up's fill: the store's warmed copies no pod has used
+        yet (module docstring; the store raises ``WarmupDeferred`` when only those could
+        make the room)."""
+        return await asyncio.to_thread(self.copies.unused, self.store)
 
     def apply_policies(self, targeting: list[dict[str, Any]]) -> None:
         """Pin a held snapshot while a targeting cache says ``pin``, give it the highest
@@ -143,9 +142,9 @@ class Warmups:
                     if self.puller is not None:
                         res = await self.puller(w.source, w.revision, progress)
                     else:
-                        await self.room(w.source, w.revision)
+                        spare = await self.room(w.source, w.revision)
                         res = await self.store.apull(
-                            w.source, revision=w.revision, progress=progress
+                            w.source, revision=w.revision, progress=progress, spare=spare
                         )
                     if res.bytes_fetched:
                         await asyncio.to_thread(
