@@ -123,14 +123,17 @@ class NodeCache:
         peers: PeerFill | None = None,
         origin_limiter: RateLimiter | None = None,
         pinned: Resolution | None = None,
+        spare: frozenset[str] = frozenset(),
     ) -> PullOutcome:
         """Fill ``revision`` from ``source``; concurrent pulls of one revision share a
-        fill. With ``peers`` the fill takes pieces from peers first (``sources.peer``);
-        with ``pinned`` too, an unreachable origin leaves the peers (module docstring)."""
+        fill (the first one's options hold). With ``peers`` the fill takes pieces from
+        peers first (``sources.peer``); with ``pinned`` too, an unreachable origin leaves
+        the peers (module docstring); ``spare``: snapshots its eviction must not take (a
+        warm-up's unused warmed copies, ``runtime.warm_room``)."""
         task = self._pulls.get(revision)
         if task is None or task.done():
             task = asyncio.create_task(
-                self._pull(source, revision, progress, peers, origin_limiter, pinned)
+                self._pull(source, revision, progress, peers, origin_limiter, pinned, spare)
             )
             self._pulls[revision] = task
         return await asyncio.shield(task)
@@ -143,6 +146,7 @@ class NodeCache:
         peers: PeerFill | None,
         origin_limiter: RateLimiter | None,
         pinned: Resolution | None,
+        spare: frozenset[str],
     ) -> PullOutcome:
         # The store resolves first and refuses (RevisionChanged) before any byte moves
         # when the origin no longer serves the pinned revision.
@@ -156,6 +160,7 @@ class NodeCache:
                 peers=peers,
                 origin_limiter=origin_limiter,
                 chunk=chunk,
+                spare=spare,
             )
         except OriginUnavailable:
             if peers is None or pinned is None or pinned.revision != revision:
@@ -163,7 +168,7 @@ class NodeCache:
             if pinned.ref.scheme == "oci":  # its layer listings live in the store's binding
                 raise
             opts = PullOptions(
-                self.spec.origin_bandwidth, 8, progress, chunk, peers, origin_limiter
+                self.spec.origin_bandwidth, 8, progress, chunk, peers, origin_limiter, spare
             )
             result = await self._pull_pinned(pinned, opts)
         return PullOutcome(

@@ -49,7 +49,7 @@ from preheat.store.fill import RateLimiter
 from preheat.store.layout import Layout
 from preheat.store.peer_server import PeerServer
 
-__all__ = ["Admission", "FleetPeers", "OriginGate", "resolve_blobs", "resolve_room"]
+__all__ = ["Admission", "FleetPeers", "OriginGate", "resolve_blobs"]
 
 _POLL = 0.25  # seconds between looks while a warm-up waits for a seed or a slot
 
@@ -71,15 +71,6 @@ async def resolve_blobs(source: str) -> tuple[str, frozenset[str]]:
     lists (the blobs a peer may serve; files without a sha256 come from the origin only)."""
     res = await _resolve(source)
     return res.revision, _digests(res)
-
-
-async def resolve_room(source: str, layout: Layout) -> tuple[str, int]:
-    """The revision ``source`` names now and the bytes of its files ``layout`` lacks (the
-    room a fill of it needs, for ``runtime.warm_room``)."""
-    res = await _resolve(source)
-    files = res.manifest.files
-    lacking = (f.size for f in files if f.sha256 is None or not layout.blob(f.sha256).exists())
-    return res.revision, sum(lacking)
 
 
 @dataclass

@@ -170,8 +170,11 @@ class Warmer:
                     self._held.discard(key)
                 gated = True
                 node.views[revision] = cache_view(WarmState.WARMING)
+            # a warm-up's reservation spares the unused warmed copies, under the store's
+            # lock (``warm_room``); a replica's pull evicts as before
+            spare = frozenset[str]()
             if fan_out:
-                await self._make_room(node, revision, rv.model_bytes)
+                spare = await asyncio.to_thread(self.copies.unused, node.cache.store)
             outcome = await node.cache.pull(
                 rv.source,
                 revision,
@@ -179,6 +182,7 @@ class Warmer:
                 peers=admission.fill if admission is not None else None,
                 origin_limiter=self.origin_limiter,
                 pinned=admission.pinned if admission is not None else None,
+                spare=spare,
             )
         except WarmupDeferred as exc:
             # Not unfit (a replica may still start here and evict): retried with backoff.
@@ -271,12 +275,6 @@ class Warmer:
             f"{format_size(outcome.bytes_from['origin'])} from origin, "
             f"{format_size(outcome.bytes_from_peers)} from peers, "
             f"{format_size(outcome.bytes_reused)} reused, {outcome.seconds:.1f} s"
-        )
-
-    async def _make_room(self, node: Node, revision: str, size: int) -> None:
-        """Room for a warm-up's fill that spares the unused warmed copies (``warm_room``)."""
-        await asyncio.to_thread(
-            self.copies.make_room, node.name, node.cache.store, size, revision[:12]
         )
 
     async def pull_for_replica(self, r: Replica, node: Node) -> PullOutcome:
