@@ -131,8 +131,10 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
         reg.push(layout.path, "team/engine:v1")
         world = World(kube, reg, layout, reg.ref("team/engine:v1"),
                       nginx.url("m/preheat-manifest.json"), base)  # fmt: skip
-        rbac = [m for m in system_manifests()
-                if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}]  # fmt: skip
+        rbac = [m for m in system_manifests()  # settings Roles too: agents read preheat-settings
+                if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+                or (m["kind"] in {"Role", "RoleBinding"}
+                    and m["metadata"]["namespace"] == "preheat-system")]  # fmt: skip
         kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         agent_conf = kube.sa_kubeconfig(

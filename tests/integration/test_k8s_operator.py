@@ -226,9 +226,10 @@ def _start(world: World) -> None:
     kube, base = world.kube, world.base
     for name, labels in NODES.items():
         kube.add_node(name, labels=labels, cpu="4")
-    rbac = [
+    rbac = [  # the settings Roles too: every agent reads preheat-settings (OriginOnly)
         m for m in system_manifests()
         if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+        or (m["kind"] in {"Role", "RoleBinding"} and m["metadata"]["namespace"] == "preheat-system")
     ]  # fmt: skip
     spec = parse_endpoint({"name": "chat", "model": {"source": world.models["v1"][0]}}, origin="t")
     router_rbac = [
