@@ -11,6 +11,7 @@ balance bound must hold at every length and seed, not on average).
     .venv/bin/python benchmarks/stable_load.py
     .venv/bin/python benchmarks/stable_load.py --requests 600,1800 --seeds 1,2
     .venv/bin/python benchmarks/stable_load.py --pythonpath /tmp/old/src
+    .venv/bin/python benchmarks/stable_load.py --requests 600,1800 --seeds 1,2 --placement stable-split
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _run(
     cmd = [
         sys.executable, "-c", "from preheat.cli import main; main()", "sim", "routing", "--instances", str(n),
         "--profile", "llama-3.1-70b-8xh100", "--kv-blocks", str(args.kv_blocks),
-        "--policy", "prefix_aware", "--placement", "stable", "--workload", workload,
+        "--policy", "prefix_aware", "--placement", args.placement, "--workload", workload,
         "--requests", str(requests), "--concurrency", str(args.concurrency),
         "--seed", str(seed), "--json",
     ]  # fmt: skip
@@ -61,6 +62,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="1", help="workload and policy seeds (a list: 1,2)")
     ap.add_argument("--pythonpath", help="PYTHONPATH for the runs (another checkout's src)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once")
+    ap.add_argument(
+        "--placement", default="stable", help="prefix_aware placement (stable, stable-split...)"
+    )
     args = ap.parse_args()
     grid = [(c, r, s) for c in CELLS for r in _ints(args.requests) for s in _ints(args.seeds)]
     with ThreadPoolExecutor(args.jobs) as ex:
@@ -70,7 +74,7 @@ def main() -> None:
     for ((n, w), r, seed), s in zip(grid, runs, strict=True):
         print(
             f"| {n}, {w} | {r} | {seed} | {s['kv_hit_rate']:.3f} "
-            f"| {s['max_share_over_mean']:.2f} | {s['ttft_p90_ms']:.0f} |"
+            f"| {s['max_share_over_mean']:.3f} | {s['ttft_p90_ms']:.0f} |"
         )
     print()
     print("| cell | mean hit rate | worst max share / mean |")
@@ -79,7 +83,7 @@ def main() -> None:
         sel = [s for ((m, v), _, _), s in zip(grid, runs, strict=True) if (m, v) == (n, w)]
         hit = sum(float(s["kv_hit_rate"]) for s in sel) / len(sel)
         worst = max(float(s["max_share_over_mean"]) for s in sel)
-        print(f"| {n}, {w} | {hit:.4f} | {worst:.2f} |")
+        print(f"| {n}, {w} | {hit:.4f} | {worst:.3f} |")
 
 
 if __name__ == "__main__":

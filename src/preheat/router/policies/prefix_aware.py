@@ -124,7 +124,12 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self.hasher = PrefixHasher(salt, params.block_chars)
         self.index = CapacityIndex(params.index_entries, params.max_holders)
         self._predicted = PredictedPlacement(self.index)
-        self._stable = StablePlacement(self.index, params.index_entries, params.balance_window)
+        self._stable = StablePlacement(
+            self.index,
+            params.index_entries,
+            params.balance_window,
+            split=params.placement == "stable-split",
+        )
         # Capacity-weighted rendezvous weights for ``stable`` (None: all equal); rebuilt
         # when the instance list or a capacity changes.
         self._weights: list[float] | None = None

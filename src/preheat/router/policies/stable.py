@@ -46,6 +46,10 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
    in-flight counts: where replicas may legitimately disagree (counted as spills). If
    every instance is at the limit: the least in flight (``fallback``).
 
+``placement: stable-split`` (``StablePlacement(split=True)``) adds one step between 2 and
+3: a heavy cold block whose instance is overloaded gets a second member, filled by the
+block's rendezvous order (router/policies/stable_split.py).
+
 Outcomes: ``affinity`` (``hint`` for a hinted key) when the pick holds a leading part
 of the prompt (learned index, or KV events for synced instances), ``fallback`` when a
 cold prefix is placed afresh by its score (a new document, question or conversation),
@@ -73,13 +77,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from math import exp, log
+from math import log
 from typing import Any, Protocol
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.kvlookup import HeldChars
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
 from preheat.router.policies.stable_load import SessionLoad
+from preheat.router.policies.stable_split import below_mean, follows, overloaded
 from preheat.router.policies.stable_traffic import (
     HOT_SPREAD,
     HYSTERESIS,
@@ -90,9 +95,10 @@ from preheat.router.policies.stable_traffic import (
 from preheat.router.policies.stable_weights import (
     BALANCE_FLOOR,
     BALANCE_GAIN,
-    FleetWeights,
     balance_weights,
     capacity_weights,
+    rendezvous_best,
+    rendezvous_scores,
 )
 from preheat.router.prefix import MASK64, SCORE_MULTIPLIER, PrefixKey
 
@@ -112,9 +118,6 @@ __all__ = [
 _MUL = SCORE_MULTIPLIER
 SPILL_CANDIDATES = 2
 _TWO64 = float(1 << 64)
-# A skipped instance's score bound must beat the best by more than a few rounding steps.
-_MARGIN = 1.0 + 1e-9
-_SLACK = 1.0 - 1e-6
 
 
 class Loads(Protocol):
@@ -131,8 +134,13 @@ class Loads(Protocol):
 class StablePlacement:
     """Traffic counts per block, their spreads, and the decision of the module header."""
 
-    def __init__(self, index: CapacityIndex, max_entries: int, window: int) -> None:
+    def __init__(
+        self, index: CapacityIndex, max_entries: int, window: int, *, split: bool = False
+    ) -> None:
         self.index = index
+        # ``stable-split``: split a heavy block whose instance is overloaded
+        # (router/policies/stable_split.py); off for ``stable``.
+        self.split = split
         self.predicted = PredictedPlacement(index)
         # Counts of cold blocks matter only until they are far down the LRU: a quarter of
         # the index's bound keeps every block with a share worth a spread.
@@ -172,10 +180,24 @@ class StablePlacement:
         decider = chain[0]
         if pos is None:
             pos = {x: j for j, x in enumerate(ids)}
+        split = self.split
+        # stable-split: the spread and target of the last block split for load in this
+        # descent (router/policies/stable_split.py); 0: none yet.
+        sk, st = 0, 0.0
         for b, h in enumerate(chain):
             e = hot.get(h)
             if e is not None:
                 k = e[0] if e[0] < n else n
+                cont = False
+                if split and (sk or len(e) > 2):
+                    if sk and follows(self.traffic, h, st, n):
+                        # Carries its split parent's traffic: split alike, no load check.
+                        cont = True
+                        if sk > k:
+                            k = sk
+                            e = self.traffic.grow(h, e[1], k)
+                    elif len(e) > 2:
+                        sk, st = k, self.traffic.target(h, n)
                 if k >= len(members):
                     continue
             elif len(members) <= 1:
@@ -194,25 +216,60 @@ class StablePlacement:
                     held += [pos[x] for x in chars.at_least(mid) if x in pos]
                 if mset is not None:
                     held = [j for j in held if j in mset]
-                if held:
-                    members = [max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)]
+                if not held:
+                    members = [self._best(h, seeds, members, weights(members if mset else None))]
                     break
-                members = [self._best(h, seeds, members, weights(members if mset else None))]
-                break
+                j0 = max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+                if not split:
+                    members = [j0]
+                    break
+                cont = bool(sk) and follows(self.traffic, h, st, n)
+                if cont:
+                    k = sk
+                elif overloaded(self.traffic, self.load, h, [j0], ids, n):
+                    k, sk, st = 2, 2, self.traffic.target(h, n)
+                else:
+                    members = [j0]
+                    break
+                e = self.traffic.grow(h, (ids[j0],), k)
+                if k >= len(members):
+                    continue
             kept = [pos[x] for x in e[1] or self.index.holders(h) if x in pos]
             if mset is not None:
                 kept = [j for j in kept if j in mset]
+            if (
+                split
+                and not cont
+                and len(e) > 2
+                and len(kept) == k < len(members)
+                and overloaded(self.traffic, self.load, h, kept, ids, n)
+            ):
+                # Every member of a split set overloaded: double it.
+                k = sk = min(2 * k, n)
+                e = self.traffic.grow(h, e[1], k)
+                if k >= len(members):
+                    continue
             if len(kept) != k:
                 # New, grown, shrunk or lost a member: keep the members it had (at first,
                 # the instances it was sent to), fill up by plain score (not by weight, so
                 # replicas with slightly different weights choose the same set).
                 sc = self._scores(h, seeds, None)
                 kept.sort(key=sc.__getitem__, reverse=True)
-                # Fill with the members of the fewest other hot sets (integers that
-                # replicas holding the same sets agree on), ties by plain score.
                 ks = set(kept)
-                busy = self.traffic.memberships(pos, n, h)
-                rest = sorted((j for j in members if j not in ks), key=lambda j: (-busy[j], sc[j]))
+                if len(e) > 2:
+                    # Split for load: fill by the block's plain rendezvous order, the
+                    # instances at most at the mean load first (stable_split.py).
+                    low = below_mean(self.load, ids)
+                    rest = sorted(
+                        (j for j in members if j not in ks), key=lambda j: (low[j], sc[j])
+                    )
+                else:
+                    # Fill with the members of the fewest other hot sets (integers that
+                    # replicas holding the same sets agree on), ties by plain score.
+                    busy = self.traffic.memberships(pos, n, h)
+                    rest = sorted(
+                        (j for j in members if j not in ks), key=lambda j: (-busy[j], sc[j])
+                    )
                 while len(kept) < k and rest:
                     kept.append(rest.pop())
                 del kept[k:]
@@ -289,44 +346,8 @@ class StablePlacement:
                 return j + 1
         return 0
 
-    @staticmethod
-    def _best(h: int, seeds: Sequence[int], members: list[int], w: Sequence[float] | None) -> int:
-        """The member with the highest (weighted) rendezvous score of ``h``; ``w`` holds
-        the members' weights in order (None: all equal). The first of equal scores wins,
-        as ``max`` does."""
-        if w is None:
-            return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
-        if type(w) is FleetWeights:
-            # Score the member of the highest plain score first; a member can beat it
-            # only if the largest weight over its divisor can, i.e. only if its plain
-            # score is at least ``least`` (kept low by a margin): score just those.
-            us = [((h ^ seeds[j]) * _MUL) & MASK64 for j in members]
-            i0 = us.index(max(us))
-            best = w[i0] / -log((us[i0] + 0.5) / _TWO64)
-            top = w.bound() * _MARGIN
-            least = int(_TWO64 * exp(-top / best) * _SLACK) if best > 0.0 else 0
-            bi = i0
-            for i, u in enumerate(us):
-                if u >= least and i != i0:
-                    s = w[i] / -log((u + 0.5) / _TWO64)
-                    if s > best or (s == best and i < bi):
-                        best, bi = s, i
-            return members[bi]
-        sc = [
-            wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
-            for j, wj in zip(members, w, strict=True)
-        ]
-        return members[sc.index(max(sc))]
-
-    @staticmethod
-    def _scores(h: int, seeds: Sequence[int], weights: Sequence[float] | None) -> list[float]:
-        if weights is None:
-            return [float(((h ^ s) * _MUL) & MASK64) for s in seeds]
-        # Weighted rendezvous (Schindelhauer & Schomaker): w / -ln(u), u uniform in (0, 1).
-        return [
-            w / -log((((h ^ s) * _MUL & MASK64) + 0.5) / _TWO64)
-            for s, w in zip(seeds, weights, strict=True)
-        ]
+    _best = staticmethod(rendezvous_best)
+    _scores = staticmethod(rendezvous_scores)
 
     # --- bookkeeping --------------------------------------------------------------------
 

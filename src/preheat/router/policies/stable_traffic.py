@@ -26,6 +26,9 @@ Thresholds:
 * ``HYSTERESIS`` = 0.5.
 * ``LOAD_FLOOR`` = 10 requests per instance: early shares are taken over at least this
   many requests, so the first requests do not look hot.
+* ``SPLIT_TARGET`` = 0.5, ``OVERLOAD`` = 0.05: ``stable-split`` only
+  (router/policies/stable_split.py); a block it split keeps its spread while
+  ``(1 + HYSTERESIS) * t >= SPLIT_TARGET``.
 * ``max_entries`` (the caller's: a quarter of ``index_entries``, at least 1,000): the
   block counts kept (LRU); hot blocks are kept only while counted.
 """
@@ -38,10 +41,20 @@ from typing import Any
 
 from preheat.router.prefix import PrefixKey
 
-__all__ = ["HOT_SPREAD", "HYSTERESIS", "LOAD_FLOOR", "BlockTraffic", "spread_for"]
+__all__ = [
+    "HOT_SPREAD",
+    "HYSTERESIS",
+    "LOAD_FLOOR",
+    "OVERLOAD",
+    "SPLIT_TARGET",
+    "BlockTraffic",
+    "spread_for",
+]
 
 HOT_SPREAD = 1.5
 HYSTERESIS = 0.5
+SPLIT_TARGET = 0.5
+OVERLOAD = 0.05
 LOAD_FLOOR = 10.0
 _UP = 1.0 + HYSTERESIS
 
@@ -114,6 +127,9 @@ class BlockTraffic:
                 if k <= n and t <= k and t * _UP > 1 << ((k - 1).bit_length() - 1):
                     continue
             k2 = spread_for(k, t, n)
+            if e is not None and len(e) > 2 and t * _UP >= SPLIT_TARGET:
+                # Grown because its members were overloaded (``grow``): not below that.
+                k2 = max(k2, min(e[2], n))
             if k2 == 1:
                 hot.pop(h, None)
             elif e is None:
@@ -130,6 +146,27 @@ class BlockTraffic:
             self.g = 1.0
             return g
         return None
+
+    def target(self, h: int, n: int) -> float:
+        """``t`` of the module header for a block (0 when it is not counted)."""
+        c = self._counts.get(h)
+        if c is None:
+            return 0.0
+        return HOT_SPREAD * n * c / max(self._total, LOAD_FLOOR * n * self.g)
+
+    def grow(self, h: int, members: tuple[str, ...], k: int) -> list[Any]:
+        """Make ``h`` hot with spread ``k`` (at least that while its target stays at or
+        above ``SPLIT_TARGET``), keeping ``members``; returns its entry."""
+        e = self.hot.get(h)
+        if e is None:
+            e = self.hot[h] = [k, members, k]
+        else:
+            e[0] = k
+            if len(e) > 2:
+                e[2] = k
+            else:
+                e.append(k)
+        return e
 
     def spread(self, h: int) -> int:
         """The spread kept for a block (1 when it is not hot)."""

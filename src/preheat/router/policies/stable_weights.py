@@ -23,10 +23,11 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from math import exp
+from math import exp, log
 
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.policies.stable_load import SessionLoad
+from preheat.router.prefix import MASK64, SCORE_MULTIPLIER
 
 __all__ = [
     "BALANCE_FLOOR",
@@ -34,10 +35,17 @@ __all__ = [
     "FleetWeights",
     "balance_weights",
     "capacity_weights",
+    "rendezvous_best",
+    "rendezvous_scores",
 ]
 
 BALANCE_GAIN = 20.0
 BALANCE_FLOOR = 30.0
+_MUL = SCORE_MULTIPLIER
+_TWO64 = float(1 << 64)
+# A skipped instance's score bound must beat the best by more than a few rounding steps.
+_MARGIN = 1.0 + 1e-9
+_SLACK = 1.0 - 1e-6
 
 
 def capacity_weights(ids: Sequence[str], index: CapacityIndex) -> list[float] | None:
@@ -118,3 +126,44 @@ def balance_weights(
     return FleetWeights(
         capacity if only is None else [capacity[j] for j in only], loads, mean, norm
     )
+
+
+def rendezvous_best(
+    h: int, seeds: Sequence[int], members: list[int], w: Sequence[float] | None
+) -> int:
+    """The member with the highest (weighted) rendezvous score of ``h``; ``w`` holds
+    the members' weights in order (None: all equal). The first of equal scores wins,
+    as ``max`` does."""
+    if w is None:
+        return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+    if type(w) is FleetWeights:
+        # Score the member of the highest plain score first; a member can beat it
+        # only if the largest weight over its divisor can, i.e. only if its plain
+        # score is at least ``least`` (kept low by a margin): score just those.
+        us = [((h ^ seeds[j]) * _MUL) & MASK64 for j in members]
+        i0 = us.index(max(us))
+        best = w[i0] / -log((us[i0] + 0.5) / _TWO64)
+        top = w.bound() * _MARGIN
+        least = int(_TWO64 * exp(-top / best) * _SLACK) if best > 0.0 else 0
+        bi = i0
+        for i, u in enumerate(us):
+            if u >= least and i != i0:
+                s = w[i] / -log((u + 0.5) / _TWO64)
+                if s > best or (s == best and i < bi):
+                    best, bi = s, i
+        return members[bi]
+    sc = [
+        wj / -log((((h ^ seeds[j]) * _MUL & MASK64) + 0.5) / _TWO64)
+        for j, wj in zip(members, w, strict=True)
+    ]
+    return members[sc.index(max(sc))]
+
+
+def rendezvous_scores(h: int, seeds: Sequence[int], weights: Sequence[float] | None) -> list[float]:
+    if weights is None:
+        return [float(((h ^ s) * _MUL) & MASK64) for s in seeds]
+    # Weighted rendezvous (Schindelhauer & Schomaker): w / -ln(u), u uniform in (0, 1).
+    return [
+        w / -log((((h ^ s) * _MUL & MASK64) + 0.5) / _TWO64)
+        for s, w in zip(seeds, weights, strict=True)
+    ]
