@@ -36,7 +36,7 @@ class WarmCopies:
     docstring); the record lives in each store, so this object holds no state."""
 
     def record(self, node: str, store: NodeStore, digest: str) -> None:
-        """A warm-up on ``node`` published ``digest`` (call after pinning it)."""
+        """A warm-up on ``node`` published ``digest`` (call before its origin slot frees)."""
         for s in store.snapshots():
             if s.digest == digest:
                 WarmRecord(store.root).mark(s)

@@ -184,6 +184,12 @@ class Warmer:
                 pinned=admission.pinned if admission is not None else None,
                 spare=spare,
             )
+            if fan_out and outcome.bytes_fetched:
+                # recorded before the origin slot frees (``finally``): the warm-up admitted
+                # next reads its spare from this record, so it never evicts this copy
+                await asyncio.to_thread(
+                    self.copies.record, node.name, node.cache.store, outcome.manifest_digest
+                )
         except WarmupDeferred as exc:
             # Not unfit (a replica may still start here and evict): retried with backoff.
             why = redact_url(str(exc))
@@ -249,10 +255,6 @@ class Warmer:
         weights = st.spec.cache.weights
         if weights.pin:
             await asyncio.to_thread(node.cache.pin, revision, weights.priority)
-        if fan_out and outcome.bytes_fetched:
-            await asyncio.to_thread(
-                self.copies.record, node.name, node.cache.store, outcome.manifest_digest
-            )
         st.wake()
         return outcome
 
