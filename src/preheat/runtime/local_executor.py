@@ -41,7 +41,7 @@ from preheat.control.state import (
     WeightsPolicy,
 )
 from preheat.errors import ConfigError, ControlError, FetchError, PreheatError
-from preheat.runtime.cache_views import adopt_existing, forget_evicted
+from preheat.runtime.cache_views import EvictionWatch, adopt_existing
 from preheat.runtime.model import (
     FleetState,
     ReplicaPhase,
@@ -111,6 +111,7 @@ class LocalExecutor:
         self._resolve_failures = 0
         self._load_samples: deque[tuple[float, dict[str, int]]] = deque()
         self._autoscale_state: dict[str, AutoscaleState] = {}
+        self._evictions = EvictionWatch()
 
     def remember(self, resolved: dict[str, ResolvedVariant]) -> None:
         """Take ``resolved`` as the spec's revisions (and keep them known for rollbacks)."""
@@ -139,7 +140,7 @@ class LocalExecutor:
             self._resolve_failures = 0
             st.say(f"resolved {describe_revisions(st.resolved)}")
             await adopt_existing(st)
-        await forget_evicted(st)
+        await self._evictions.forget_evicted(st)
         if st.spec.autoscaling is not None:
             await self._autoscale()
         if self.revocations is not None and self.revocations.entries:
