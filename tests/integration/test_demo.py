@@ -29,7 +29,7 @@ def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
             "--out",
             str(out),
             "--size",
-            "32MiB",
+            "16MiB",
             "--bandwidth",
             "8MiB",
             "--requests",
@@ -41,7 +41,7 @@ def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout[proc.stdout.index("{") :])
-    assert s["model_bytes"] >= 32 * 1024**2
+    assert s["model_bytes"] >= 16 * 1024**2
     cold, warm = s["readiness_seconds"]["cold"], s["readiness_seconds"]["warm"]
     # The cold start is the fleet's first copy: no node holds the model, no peer helps.
     assert cold["weights_source"] == "origin" and cold["bytes_from_origin"] == s["model_bytes"]
@@ -49,11 +49,12 @@ def test_demo_json_summary_report_and_events(tmp_path: Path) -> None:
     assert "no node holds the model yet" in " ".join(proc.stderr.split())
     assert warm["weights_source"] == "cache" and warm["bytes_from_origin"] == 0
     assert set(cold["stages"]) >= {"weights_ready", "runtime_started", "healthy"}
-    # 32 MiB at 8 MiB/s: the cold download alone takes about 4 s.
-    assert cold["stages"]["weights_ready"] > 3.0
+    # 16 MiB at 8 MiB/s: the cold download alone takes about 2 s (the limiter has no
+    # burst: 32 MiB took 4.0 s). Every warm-up runs at that rate too, so the model is small.
+    assert cold["stages"]["weights_ready"] > 1.5
     # The warm start skips that download; the rest (engine start) is alike, and slow
     # alike on a loaded machine, so compare by difference, not ratio.
-    assert cold["ready"] > warm["ready"] + 2.0
+    assert cold["ready"] > warm["ready"] + 1.0
     # the changed shard crosses the origin once; peers carry it to the other nodes
     assert s["rollout_bytes_fetched"] == s["rollout_changed_shard_bytes"]
     assert s["readiness_seconds"]["new_node"]["node"] == "node-4"

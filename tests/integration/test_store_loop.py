@@ -11,7 +11,7 @@ from pathlib import Path
 from preheat.store import NodeStore
 
 MiB = 1 << 20
-SMALL_FILES = 3000
+SMALL_FILES = 1000
 
 
 def _big_model(d: Path) -> int:
@@ -59,7 +59,8 @@ async def _max_lag_during(coro: object) -> tuple[float, object]:
 
 
 def test_loop_lag_stays_small_while_a_pull_evicts_a_gigabyte(tmp_path: Path) -> None:
-    """Evicting 1 GiB and 3,000 files to make room, the pull never stalls its loop 50 ms."""
+    """Evicting 1 GiB and 1,000 files to make room, the pull never stalls its loop 50 ms
+    (before its blocking steps moved to threads: 350 ms with 1,000 files, 2.3 s with 3,000)."""
     size = _big_model(tmp_path / "old")
     (tmp_path / "new").mkdir()
     (tmp_path / "new" / "w.bin").write_bytes(os.urandom(64 * MiB))

@@ -64,7 +64,8 @@ async def test_peers_off_warm_ups_take_turns_for_the_origin_budget(tmp_path: Pat
 async def test_a_warm_up_never_evicts_a_warmed_copy_no_replica_used(tmp_path: Path) -> None:
     """One node that holds one of two models: the second warm-up waits (``failed``, the
     reason says why, retried) instead of evicting the first copy and starting a cycle of
-    evict and re-warm; a replica of the second model still evicts the first as before."""
+    evict and re-warm; a replica of the second model still evicts the first as before,
+    and the node's view of the first then stops saying ``ready``."""
     a = make_model(tmp_path / "origin" / "a", size=6 * MB, shards=2, seed=22)
     b = make_model(tmp_path / "origin" / "b", size=6 * MB, shards=2, seed=23)
     with nginx_origin(tmp_path / "origin") as origin:
@@ -119,3 +120,4 @@ async def test_a_warm_up_never_evicts_a_warmed_copy_no_replica_used(tmp_path: Pa
             await fleet.wait_until(lambda f: f.ready_count() == 1, 60, "the other model's replica")
             store = fleet.nodes["n0"].cache
             assert not store.has(kept)  # the replica's own pull evicted the unused copy
+            assert _views(fleet, kept)[0].get("state") != "ready"  # and the view says so

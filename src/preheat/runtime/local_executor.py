@@ -1,9 +1,9 @@
 """Local mode's ``Executor``: node stores on disk, replica processes, a router child.
 
 ``observe`` resolves the sources (retrying an unreachable origin with backoff, the
-reason in status), marks nodes whose store already holds a wanted revision ready,
-starts the image pre-pulls that are due (``Warmer.images``, beside the planner: they
-gate nothing), samples the router's in-flight counts for the autoscaler, and builds ``Desired`` and
+reason in status), keeps the nodes' cache views true to their stores at every tick
+(``runtime.cache_views``: held copies adopted, evicted ones no longer ``ready``), starts
+the image pre-pulls that are due (``Warmer.images``, beside the planner: they gate nothing), samples the router's in-flight counts for the autoscaler, and builds ``Desired`` and
 ``Observed`` from the fleet's bookkeeping (``model.FleetState``). The action methods
 carry out the planner's decisions through ``warmup.Warmer`` and
 ``replicas.Supervisor``; each is idempotent (see ``runtime.reconcile``).
@@ -41,6 +41,7 @@ from preheat.control.state import (
     WeightsPolicy,
 )
 from preheat.errors import ConfigError, ControlError, FetchError, PreheatError
+from preheat.runtime.cache_views import EvictionWatch, adopt_existing
 from preheat.runtime.model import (
     FleetState,
     ReplicaPhase,
@@ -110,6 +111,7 @@ class LocalExecutor:
         self._resolve_failures = 0
         self._load_samples: deque[tuple[float, dict[str, int]]] = deque()
         self._autoscale_state: dict[str, AutoscaleState] = {}
+        self._evictions = EvictionWatch()
 
     def remember(self, resolved: dict[str, ResolvedVariant]) -> None:
         """Take ``resolved`` as the spec's revisions (and keep them known for rollbacks)."""
@@ -137,7 +139,8 @@ class LocalExecutor:
             st.resolve_error = None
             self._resolve_failures = 0
             st.say(f"resolved {describe_revisions(st.resolved)}")
-            await self._adopt_existing()
+            await adopt_existing(st)
+        await self._evictions.forget_evicted(st)
         if st.spec.autoscaling is not None:
             await self._autoscale()
         if self.revocations is not None and self.revocations.entries:
@@ -173,15 +176,6 @@ class LocalExecutor:
         for digests in self.state.image_digests.values():
             known |= set(digests)
         return self.revocations.revisions(known)
-
-    async def _adopt_existing(self) -> None:
-        """Nodes whose store already holds a wanted revision are ready for it."""
-        for node in self.state.nodes.values():
-            for rv in self.state.resolved.values():
-                if rv.revision in node.views:
-                    continue
-                if await asyncio.to_thread(node.cache.has, rv.revision):
-                    node.views[rv.revision] = cache_view(WarmState.READY)
 
     async def _autoscale(self) -> None:
         """Sample the router's in-flight counts; let ``control.autoscale`` set the counts."""

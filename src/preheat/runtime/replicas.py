@@ -14,7 +14,8 @@ A replica (``model.Replica``) goes through ``ReplicaPhase``:
    (or ``DRAIN_TIMEOUT``), then stopped; **stopped**: process gone, lease released.
 
 Every start attempt is written as a ``StartRecord`` (its class from
-``telemetry.classify``). A process that exits on its own is taken out of the router and
+``telemetry.classify``; made by ``runtime.replica_record``). The engine's command line,
+its ``/startup`` stages and the first request are ``runtime.replica_engine``. A process that exits on its own is taken out of the router and
 restarted on its node; after ``MAX_RESTARTS`` within ``RESTART_WINDOW`` seconds it is
 ``failed`` (the planner replaces it or rolls back). Failed starts back off per variant
 (``next_start_at``), like Kubernetes' CrashLoopBackOff.
@@ -24,23 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
 from collections import Counter
 from typing import Any
 
 import aiohttp
 
 from preheat.artifacts.refs import redact_url
-from preheat.control.spec import CommandEngine, SimulatedEngine
 from preheat.control.state import StartReplica
 from preheat.errors import ControlError, InsufficientSpace, PreheatError
 from preheat.runtime.model import FleetState, Node, Replica, ReplicaPhase
-from preheat.runtime.procs import free_port, preheat_command, spawn, wait_http_ok
+from preheat.runtime.procs import free_port, spawn, wait_http_ok
+from preheat.runtime.replica_engine import engine_argv, engine_stages, first_response
+from preheat.runtime.replica_record import start_record
 from preheat.runtime.router_proc import RouterProcess
 from preheat.runtime.warmup import Warmer
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
-from preheat.telemetry.events import EventLog, StartRecord
-from preheat.telemetry.records import STAGES
+from preheat.telemetry.events import EventLog
 
 __all__ = ["DRAIN_TIMEOUT", "MAX_RESTARTS", "RESTART_WINDOW", "Supervisor"]
 
@@ -132,42 +132,6 @@ class Supervisor:
         )
 
     # --- one replica ------------------------------------------------------------------
-
-    def _engine_argv(self, r: Replica) -> list[str]:
-        st = self.state
-        engine = st.templates[r.template][0] if r.template in st.templates else None
-        if engine is None:
-            engine = st.spec.variant(r.variant).engine
-        assert r.snapshot is not None
-        if isinstance(engine, CommandEngine):
-            text = engine.command.format(
-                snapshot=shlex.quote(str(r.snapshot)),
-                port=r.port,
-                host="127.0.0.1",
-                model=shlex.quote(st.spec.name),
-                replica=r.id,
-            )
-            return shlex.split(text)
-        assert isinstance(engine, SimulatedEngine)
-        argv = preheat_command(
-            "engine",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(r.port),
-            "--profile",
-            engine.profile,
-            "--snapshot",
-            str(r.snapshot),
-            "--time-scale",
-            str(engine.time_scale),
-            "--model-name",
-            st.spec.name,
-        )
-        if engine.kv_blocks is not None:
-            argv += ["--kv-blocks", str(engine.kv_blocks)]
-        return argv
 
     async def _run(self, r: Replica) -> None:
         """Bring a replica up, record its start, then supervise it (restart on exit)."""
@@ -272,7 +236,7 @@ class Supervisor:
             # Runtime.
             r.port = free_port()
             r.detail = "starting engine"
-            r.child = await spawn(self._engine_argv(r), st.state_dir / "logs" / f"{r.id}.log")
+            r.child = await spawn(engine_argv(st, r), st.state_dir / "logs" / f"{r.id}.log")
             stamps["runtime_started"] = st.clock.wall()
             r.detail = "loading weights"
             healthy = await wait_http_ok(
@@ -286,9 +250,9 @@ class Supervisor:
                 )
                 raise ControlError(failure)
             stamps["healthy"] = st.clock.wall()
-            stamps.update(await self._engine_stages(r))
+            stamps.update(await engine_stages(self.session, r))
             # First response, straight to the replica (the router adds it afterwards).
-            await self._first_response(r)
+            await first_response(self.session, st.spec.name, r)
             stamps["first_response"] = st.clock.wall()
             r.phase = ReplicaPhase.READY
             r.detail = "ready; joining the router"
@@ -317,33 +281,6 @@ class Supervisor:
                 failure,
             )
 
-    async def _engine_stages(self, r: Replica) -> dict[str, float | None]:
-        """``runtime_started`` / ``weights_loaded`` as the engine reports them (``/startup``)."""
-        assert self.session is not None
-        try:
-            async with self.session.get(f"{r.url}/startup") as resp:
-                if resp.status != 200:
-                    return {}
-                data = await resp.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return {}
-        stages = data.get("stages", data) if isinstance(data, dict) else {}
-        out: dict[str, float | None] = {}
-        for name in ("runtime_started", "weights_loaded"):
-            v = stages.get(name) if isinstance(stages, dict) else None
-            if isinstance(v, int | float):
-                out[name] = float(v)
-        return out
-
-    async def _first_response(self, r: Replica) -> None:
-        assert self.session is not None
-        body = {"model": self.state.spec.name, "prompt": "preheat warm-up", "max_tokens": 1}
-        async with self.session.post(f"{r.url}/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                text = await resp.text()
-                raise ControlError(f"first request -> {resp.status}: {text[:200]}")
-            await resp.read()
-
     def _record(
         self,
         r: Replica,
@@ -354,42 +291,11 @@ class Supervisor:
         bytes_from: dict[str, int],
         failure: str | None,
     ) -> None:
-        # Keep boundaries monotonic: an engine-reported time may predate our own stamp by
-        # clock granularity; clamp it between its neighbours.
-        prev = scheduled
-        clean: dict[str, float | None] = {}
-        for name in STAGES:
-            v = stamps.get(name)
-            if v is None:
-                clean[name] = None
-                continue
-            v = max(v, prev)
-            clean[name] = v
-            prev = v
-        loaded, healthy = clean.get("weights_loaded"), clean.get("healthy")
-        if loaded is not None and healthy is not None:
-            clean["weights_loaded"] = min(loaded, healthy)
         try:
-            rec = StartRecord(
-                endpoint=self.state.spec.name,
-                variant=r.variant,
-                replica=r.id,
-                node=r.node,
-                revision=r.revision,
-                event_class=event_class,
-                scheduled=scheduled,
-                image_ready=clean["image_ready"],
-                weights_ready=clean["weights_ready"],
-                runtime_started=clean["runtime_started"],
-                weights_loaded=clean["weights_loaded"],
-                healthy=clean["healthy"],
-                first_response=clean["first_response"],
-                image_source=sources[0],
-                weights_source=sources[1],
-                bytes_from={k: v for k, v in bytes_from.items() if v},
-                restart_count=r.restarts,
-                failure=None if failure is None else redact_url(failure),
-            )
+            rec = start_record(
+                self.state.spec.name, r, scheduled, stamps, event_class, sources, bytes_from,
+                failure,
+            )  # fmt: skip
             self.events.append(rec)  # the hook exports it to the fleet's metrics
         except ValueError as exc:
             self.state.say(f"could not record the start of {r.id}: {exc}")

@@ -5,7 +5,9 @@ pair while one runs is a no-op. The node's ``CacheView`` tells the planner where
 stands (``WarmState``): ``warming`` while the fill runs (``progress`` has bytes done and
 total), ``ready`` once the snapshot is published (pinned if the spec says so),
 ``failed`` with the reason and a backoff (``WARM_BACKOFF``) before the planner warms it
-again, ``unfit`` with the numbers when the node's disk cannot hold the model.
+again, ``unfit`` with the numbers when the node's disk cannot hold the model: for good
+when the model is bigger than the node's capacity, else (other fills' reservations,
+leased or pinned copies take the room now) looked at again after the same backoff.
 
 A replica on a cold node pulls the revision itself (``pull_for_replica``): it shares a
 warm-up already running there and otherwise retries a failed pull (an unreachable
@@ -204,9 +206,17 @@ class Warmer:
             raise
         except InsufficientSpace as exc:
             why = redact_url(str(exc))
-            node.views[revision] = cache_view(WarmState.UNFIT, reason=why)
+            n = node.warm_failures[revision]
+            retry_at = 0.0  # the model is bigger than the node's store: for good
+            cap = node.spec.capacity
+            if cap is not None and rv.model_bytes <= cap * node.cache.store.high_watermark:
+                # It fits once other fills finish or copies are released: look again.
+                node.warm_failures[revision] += 1
+                retry_at = st.clock.now() + backoff(n)
+            node.views[revision] = cache_view(WarmState.UNFIT, reason=why, retry_at=retry_at)
             node.last_failure = WarmupFailure(revision, why, st.clock.wall())
-            st.say(f"{node.name} cannot hold {revision[:12]}: {why}")
+            if n == 0:
+                st.say(f"{node.name} cannot hold {revision[:12]}: {why}")
             raise
         except (FetchError, PreheatError, OSError) as exc:
             why = redact_url(str(exc))
