@@ -168,6 +168,11 @@ def main() -> None:
         policy.on_sent(req, c)
         policy.on_done(req, c, ok=True, cached_tokens=None)
         dt = (_now() - t0) / 1000
+        if flush is not None:
+            t0 = _now()
+            flush()
+            if timed:
+                t_flush.append((_now() - t0) / 1000)
         t0 = _now()
         c2 = plain.choose(req, fleet)
         t1 = _now()
@@ -187,11 +192,6 @@ def main() -> None:
             t0 = _now()
             index.lookup(body, ids)
             t_new.append((_now() - t0) / 1000)
-        if flush is not None:
-            t0 = _now()
-            flush()
-            if timed:
-                t_flush.append((_now() - t0) / 1000)
         # The chosen engine stores the prompt's blocks and announces them.
         got = pb.blocks(body)
         if got is not None:
