@@ -46,8 +46,6 @@ _TWO64 = float(1 << 64)
 # A skipped instance's score bound must beat the best by more than a few rounding steps.
 _MARGIN = 1.0 + 1e-9
 _SLACK = 1.0 - 1e-6
-# Up to this many members every score is computed (the bound costs more than it saves).
-_DIRECT = 4
 
 
 def capacity_weights(ids: Sequence[str], index: CapacityIndex) -> list[float] | None:
@@ -138,7 +136,7 @@ def rendezvous_best(
     as ``max`` does."""
     if w is None:
         return max(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
-    if type(w) is FleetWeights and len(members) > _DIRECT:
+    if type(w) is FleetWeights:
         # Score the member of the highest plain score first; a member can beat it
         # only if the largest weight over its divisor can, i.e. only if its plain
         # score is at least ``least`` (kept low by a margin): score just those.
