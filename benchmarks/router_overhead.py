@@ -181,7 +181,13 @@ def router(
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["PREHEAT_ROUTER_SALT"] = DEFAULT_SALT
         proc, port = start_server(
-            argv, port=None, log=logdir / f"{name}.log", env=env, timeout=60, what=name
+            argv,
+            port=None,
+            log=logdir / f"{name}.log",
+            env=env,
+            inherit_env=False,
+            timeout=60,
+            what=name,
         )
         try:
             yield RouterProcess(process=proc, port=port)
