@@ -19,8 +19,9 @@ every router); "CPU ms/req" is the router's CPU time (its process and children, 
 /proc) during that pass over the requests, a figure the machine's load moves less than
 latency. ``preheataiohttp-<policy>`` runs preheat with ``--front aiohttp`` (the
 previous server) and ``preheatbase-<policy>`` the ``preheat`` executable given with
-``--baseline`` (another checkout's venv: the code before a change) for a before/after in
-the same run.
+``--baseline`` (another checkout's venv: the code before a change, run without this
+process's ``PYTHONPATH``) for a before/after in the same run; run this script with
+``PYTHONPATH=src`` from a worktree so that ``preheat-<policy>`` runs the worktree's code.
 
     .venv/bin/python benchmarks/router_overhead.py --requests 2000
     .venv/bin/python benchmarks/router_overhead.py --baseline /work/main/.venv/bin/preheat \
@@ -175,9 +176,18 @@ def router(
                 "WARNING",
             ]
 
-        env = {**os.environ, "PREHEAT_ROUTER_SALT": DEFAULT_SALT}
+        # Not this process's PYTHONPATH: run with it (``PYTHONPATH=src`` for a worktree's
+        # code) the baseline would import the new code too, not its own install.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PREHEAT_ROUTER_SALT"] = DEFAULT_SALT
         proc, port = start_server(
-            argv, port=None, log=logdir / f"{name}.log", env=env, timeout=60, what=name
+            argv,
+            port=None,
+            log=logdir / f"{name}.log",
+            env=env,
+            inherit_env=False,
+            timeout=60,
+            what=name,
         )
         try:
             yield RouterProcess(process=proc, port=port)

@@ -27,6 +27,11 @@ instance and answers, for a prompt, how many of its leading blocks each instance
   ``BlockStored`` arrives. They leave that set when announced, and the oldest go past
   ``MAX_PENDING`` (4,096 per instance: blocks of a request that failed). They are this
   router's own and not part of ``digest``.
+* **Deferred pending.** ``sent`` only queues (instance, the prompt's blocks past its
+  held run); the pending marks are written when the index is next read or written
+  (``lookup``, ``apply``, ``add``, ``remove``, ``lost``) or on ``flush``, in the order
+  sent, so every result is what marking them at once gives (the pending set and masks
+  are read nowhere else). A decision no longer walks the prompt's new blocks.
 * **Silence.** ``sent`` marks an instance as owing events when a prompt it was sent has
   full blocks the set lacks (the engine will store them); any batch clears that. The
   adapter times how long the mark stays (this module reads no clock).
@@ -88,10 +93,15 @@ class PreciseIndex:
         # the ids it was last given are synced (and their masks) until then.
         self._version = 0
         self._plan: Any = None
+        # ``sent`` calls whose pending marks are not written yet: (instance, the prompt's
+        # hashes, blocks it held), oldest first (module header, "Deferred pending").
+        self._owed: list[tuple[InstanceBlocks, tuple[int, ...], int]] = []
 
     def add(self, instance_id: str, prompt: PromptBlocks | None = None) -> None:
         """Track ``instance_id``; ``prompt``: how its engine hashes prompts (default: the
         simulated engine's). A changed ``prompt`` drops what was learned."""
+        if self._owed:
+            self.flush()
         prompt = prompt or self.default_prompt
         self._version += 1
         ib = self.instances.get(instance_id)
@@ -110,6 +120,8 @@ class PreciseIndex:
         self.instances[instance_id] = InstanceBlocks(prompt, bit)
 
     def remove(self, instance_id: str) -> None:
+        if self._owed:
+            self.flush()
         ib = self.instances.pop(instance_id, None)
         self._version += 1
         if ib is not None:
@@ -122,6 +134,8 @@ class PreciseIndex:
 
     def apply(self, instance_id: str, seq: int, events: Sequence[Any]) -> None:
         """Apply one EventBatch's events, received with sequence number ``seq``."""
+        if self._owed:
+            self.flush()
         ib = self.instances.get(instance_id)
         if ib is None:
             return
@@ -168,6 +182,8 @@ class PreciseIndex:
 
     def lost(self, instance_id: str, reason: str) -> None:
         """The adapter lost the stream (disconnect, silence): fall back until a resync."""
+        if self._owed:
+            self.flush()
         ib = self.instances.get(instance_id)
         if ib is not None and ib.state == "synced":
             self._fall_back(ib, reason)
@@ -177,6 +193,8 @@ class PreciseIndex:
         instance of ``ids`` is synced or the body has no prompt to tokenize."""
         if body is None:
             return None
+        if self._owed:
+            self.flush()
         synced, masks, zeros, synced_set = self._synced_of(ids)
         if not synced:
             return None
@@ -294,7 +312,8 @@ class PreciseIndex:
 
     def sent(self, instance_id: str, lookup: Lookup) -> None:
         """The prompt of ``lookup`` went to ``instance_id``: it owes events if it lacks some
-        of the prompt's full blocks (the engine will store them)."""
+        of the prompt's full blocks (the engine will store them), and those blocks are
+        pending there (written at the next ``flush``; module header)."""
         ib = self.instances.get(instance_id)
         if ib is None or ib.state != "synced" or instance_id not in lookup.group:
             return
@@ -303,16 +322,24 @@ class PreciseIndex:
         if have >= len(hashes):
             return
         ib.owes_events = True
-        pending = ib.pending
-        mask, bit = self._mask, ib.bit
-        for h in hashes[have:]:
-            if h not in ib.blocks and h not in pending:
-                pending[h] = None
-                mask[h] = mask.get(h, 0) | bit
-        while len(pending) > MAX_PENDING:
-            h = next(iter(pending))
-            del pending[h]
-            self._clear(h, bit)
+        self._owed.append((ib, hashes, have))
+
+    def flush(self) -> None:
+        """Write the pending marks ``sent`` queued, oldest first. Every call that changes
+        an instance's state or blocks flushes first, so each instance is as ``sent`` saw
+        it (tracked and synced) and the marks are those ``sent`` would have written."""
+        owed, self._owed = self._owed, []
+        mask = self._mask
+        for ib, hashes, have in owed:
+            pending, blocks, bit = ib.pending, ib.blocks, ib.bit
+            for h in hashes[have:]:
+                if h not in blocks and h not in pending:
+                    pending[h] = None
+                    mask[h] = mask.get(h, 0) | bit
+            while len(pending) > MAX_PENDING:
+                h = next(iter(pending))
+                del pending[h]
+                self._clear(h, bit)
 
     def digest(self, instance_id: str) -> int:
         """An order-free fingerprint of an instance's block set (equal sets, equal digests)."""

@@ -176,14 +176,16 @@ class PromptBlocks:
         ntok = len(lead)
         key = hash((salt, lead))
         out: list[int] = []
+        get, to_end, extend = cache.get, cache.move_to_end, out.extend
+        hits = 0
         for chunk in _chunks(text, self.chunk_chars):
             key = hash((key, chunk))
-            hit = cache.get(key)
+            hit = get(key)
             if hit is not None:
-                cache.move_to_end(key)
+                to_end(key)
                 state, tail, new, ntok = hit
-                out.extend(new)
-                self.hits += 1
+                extend(new)
+                hits += 1
                 continue
             self.misses += 1
             toks = tail + tuple(self.codec.encode(chunk))
@@ -199,7 +201,8 @@ class PromptBlocks:
             cache[key] = (state, tail, tuple(made), ntok)
             if len(cache) > self.max_chunks:
                 cache.popitem(last=False)
-            out.extend(made)
+            extend(made)
+        self.hits += hits
         return out, ntok
 
     def tokens(self, body: Mapping[str, Any]) -> list[int] | None:

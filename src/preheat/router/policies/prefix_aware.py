@@ -335,18 +335,13 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         if placement == "hash":
             return
         pk = choice.state
-        if isinstance(pk, tuple) and pk[0] is _STABLE:
-            self._stable.on_sent(
-                pk[1],
-                choice.instance.id,
-                len(self._ids),
-                pk[2],
-                request.body,
-                self.params.balance_window,
-            )
+        window = self.params.balance_window
+        iid = choice.instance.id
+        if type(pk) is tuple and pk[0] is _STABLE:
+            self._stable.on_sent(pk[1], iid, len(self._ids), pk[2], request.body, window)
             if pk[3] is not None and self.precise is not None:
-                self.precise.sent(choice.instance.id, pk[3])
-        if placement == "learned" and isinstance(pk, tuple) and len(pk) == 3:
+                self.precise.sent(iid, pk[3])
+        elif placement == "learned" and isinstance(pk, tuple) and len(pk) == 3:
             self._predicted.on_sent(pk[0], choice.instance.id, pk[1], request.body)
             if pk[2] is not None and self.precise is not None:
                 self.precise.sent(choice.instance.id, pk[2])
@@ -359,8 +354,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             self._hybrid.on_sent(home, chain, choice.instance.id, g_next)
         # Decayed request counts: each count shrinks by (1 - 1/balance_window) per
         # decision; growing the unit instead of shrinking every count keeps this O(1).
-        g = self._g = self._g / (1.0 - 1.0 / self.params.balance_window)
-        iid = choice.instance.id
+        g = self._g = self._g / (1.0 - 1.0 / window)
         j = self._pos.get(iid)
         if j is not None and j < len(self._ids) and self._ids[j] == iid:
             rl = self._rl

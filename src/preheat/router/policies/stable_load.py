@@ -74,7 +74,10 @@ class SessionLoad:
                 self._ext.pop(roots.popitem(last=False)[0], None)
         else:
             roots.move_to_end(root)
-        if self.is_extension(pk):
+        hinted = pk.hinted
+        chain = pk.chain
+        # ``is_extension``, inline (the hot path).
+        if not hinted and len(chain) > 1 and not keys.keys().isdisjoint(chain[:-1]):
             e[1] += g
             self._ext[root] = e
         else:
@@ -85,11 +88,12 @@ class SessionLoad:
             j = self._at.get(instance_id)
             if j is not None and self._ids is not None:
                 self._list[j] = v
-        if not pk.hinted:
-            if pk.key in keys:
-                keys.move_to_end(pk.key)
+        if not hinted:
+            key = chain[-1]
+            if key in keys:
+                keys.move_to_end(key)
             else:
-                keys[pk.key] = None
+                keys[key] = None
                 if len(keys) > self.max_keys:
                     keys.popitem(last=False)
 
