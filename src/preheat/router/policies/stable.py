@@ -83,7 +83,10 @@ from typing import Any, Protocol
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.kvlookup import HeldChars
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
+from preheat.router.policies.stable_coarse import CoarseLoad
+from preheat.router.policies.stable_even import PlacementCounts
 from preheat.router.policies.stable_load import SessionLoad
+from preheat.router.policies.stable_move import Moves
 from preheat.router.policies.stable_split import below_mean, follows, overloaded
 from preheat.router.policies.stable_traffic import (
     HOT_SPREAD,
@@ -135,7 +138,15 @@ class StablePlacement:
     """Traffic counts per block, their spreads, and the decision of the module header."""
 
     def __init__(
-        self, index: CapacityIndex, max_entries: int, window: int, *, split: bool = False
+        self,
+        index: CapacityIndex,
+        max_entries: int,
+        window: int,
+        *,
+        split: bool = False,
+        coarse: bool = False,
+        even: bool = False,
+        move: bool = False,
     ) -> None:
         self.index = index
         # ``stable-split``: split a heavy block whose instance is overloaded
@@ -149,6 +160,16 @@ class StablePlacement:
         # Request load per instance, a chat's later turns counted through its first
         # (router/policies/stable_load.py).
         self.load = SessionLoad(self.max_entries)
+        # ``stable-coarse``: the weights read an epoch's rounded snapshot of that load
+        # (router/policies/stable_coarse.py); None for ``stable``.
+        self.coarse = CoarseLoad(self.load, self.traffic) if coarse else None
+        # ``stable-even``: fresh placements by the least placement count
+        # (router/policies/stable_even.py); None for ``stable``.
+        self.even = PlacementCounts() if even else None
+        self.capacity: Sequence[float] | None = None
+        # ``stable-move``: re-home a heavy cold block off an overloaded instance once
+        # (router/policies/stable_move.py); None for ``stable``.
+        self.move = Moves() if move else None
 
     # --- decision -----------------------------------------------------------------------
 
@@ -217,9 +238,15 @@ class StablePlacement:
                 if mset is not None:
                     held = [j for j in held if j in mset]
                 if not held:
-                    members = [self._best(h, seeds, members, weights(members if mset else None))]
+                    if self.even is not None:
+                        members = [self.even.pick(h, seeds, members, ids, self.capacity)]
+                    else:
+                        w = weights(members if mset else None)
+                        members = [self._best(h, seeds, members, w)]
                     break
                 j0 = max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+                if self.move is not None:
+                    j0 = self.move.home(self.traffic, self.load, h, j0, members, ids, pos, seeds)
                 if not split:
                     members = [j0]
                     break
@@ -369,12 +396,20 @@ class StablePlacement:
         """Capacity weights times the balance term (stable_weights.py); of the positions
         ``only``, in that order (None: every instance). ``recent`` and ``g``, the
         policy's plain request counts, are not read: the load is ``self.load``'s."""
-        return balance_weights(self.load, ids, capacity, self.traffic.g, only)
+        self.capacity = capacity
+        load = self.load if self.coarse is None else self.coarse
+        return balance_weights(load, ids, capacity, self.traffic.g, only)
 
     def forget(self, instance_id: str) -> None:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
         self.load.forget(instance_id)
+        if self.coarse is not None:
+            self.coarse.forget()
+        if self.even is not None:
+            self.even.forget(instance_id)
+        if self.move is not None:
+            self.move.forget(instance_id)
         self.predicted.forget(instance_id)
 
     def spread(self, h: int) -> int:
@@ -393,5 +428,7 @@ class StablePlacement:
         """Count the request, record it in the learned index and queue its ``uncached``
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
+        if self.coarse is not None:
+            self.coarse.before_add(pk)
         self.load.add(pk, instance_id, self.traffic.g)
         self.predicted.on_sent(pk, instance_id, uncached, body)

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from math import exp, log
 
 from preheat.router.kvindex import CapacityIndex
+from preheat.router.policies.stable_coarse import CoarseLoad
 from preheat.router.policies.stable_load import SessionLoad
 from preheat.router.prefix import MASK64, SCORE_MULTIPLIER
 
@@ -107,7 +108,7 @@ class FleetWeights(Sequence[float]):
 
 
 def balance_weights(
-    load: SessionLoad,
+    load: SessionLoad | CoarseLoad,
     ids: Sequence[str],
     capacity: Sequence[float] | None,
     g: float,
