@@ -49,6 +49,10 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
 ``placement: stable-split`` (``StablePlacement(split=True)``) adds one step between 2 and
 3: a heavy cold block whose instance is overloaded gets a second member, filled by the
 block's rendezvous order (router/policies/stable_split.py).
+``placement: stable-move`` (``StablePlacement(move=True)``) changes step 2's cold block:
+a heavy one (target >= 0.5) on an instance 10 % above the mean load is re-homed once,
+to the first instance of its plain rendezvous order at or below the mean
+(router/policies/stable_move.py).
 
 Outcomes: ``affinity`` (``hint`` for a hinted key) when the pick holds a leading part
 of the prompt (learned index, or KV events for synced instances), ``fallback`` when a
@@ -83,8 +87,6 @@ from typing import Any, Protocol
 from preheat.router.kvindex import CapacityIndex
 from preheat.router.kvlookup import HeldChars
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
-from preheat.router.policies.stable_coarse import CoarseLoad
-from preheat.router.policies.stable_even import PlacementCounts
 from preheat.router.policies.stable_load import SessionLoad
 from preheat.router.policies.stable_move import Moves
 from preheat.router.policies.stable_split import below_mean, follows, overloaded
@@ -144,8 +146,6 @@ class StablePlacement:
         window: int,
         *,
         split: bool = False,
-        coarse: bool = False,
-        even: bool = False,
         move: bool = False,
     ) -> None:
         self.index = index
@@ -160,13 +160,6 @@ class StablePlacement:
         # Request load per instance, a chat's later turns counted through its first
         # (router/policies/stable_load.py).
         self.load = SessionLoad(self.max_entries)
-        # ``stable-coarse``: the weights read an epoch's rounded snapshot of that load
-        # (router/policies/stable_coarse.py); None for ``stable``.
-        self.coarse = CoarseLoad(self.load, self.traffic) if coarse else None
-        # ``stable-even``: fresh placements by the least placement count
-        # (router/policies/stable_even.py); None for ``stable``.
-        self.even = PlacementCounts() if even else None
-        self.capacity: Sequence[float] | None = None
         # ``stable-move``: re-home a heavy cold block off an overloaded instance once
         # (router/policies/stable_move.py); None for ``stable``.
         self.move = Moves() if move else None
@@ -238,11 +231,7 @@ class StablePlacement:
                 if mset is not None:
                     held = [j for j in held if j in mset]
                 if not held:
-                    if self.even is not None:
-                        members = [self.even.pick(h, seeds, members, ids, self.capacity)]
-                    else:
-                        w = weights(members if mset else None)
-                        members = [self._best(h, seeds, members, w)]
+                    members = [self._best(h, seeds, members, weights(members if mset else None))]
                     break
                 j0 = max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
                 if self.move is not None:
@@ -396,18 +385,12 @@ class StablePlacement:
         """Capacity weights times the balance term (stable_weights.py); of the positions
         ``only``, in that order (None: every instance). ``recent`` and ``g``, the
         policy's plain request counts, are not read: the load is ``self.load``'s."""
-        self.capacity = capacity
-        load = self.load if self.coarse is None else self.coarse
-        return balance_weights(load, ids, capacity, self.traffic.g, only)
+        return balance_weights(self.load, ids, capacity, self.traffic.g, only)
 
     def forget(self, instance_id: str) -> None:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
         self.load.forget(instance_id)
-        if self.coarse is not None:
-            self.coarse.forget()
-        if self.even is not None:
-            self.even.forget(instance_id)
         if self.move is not None:
             self.move.forget(instance_id)
         self.predicted.forget(instance_id)
@@ -428,7 +411,5 @@ class StablePlacement:
         """Count the request, record it in the learned index and queue its ``uncached``
         prefill characters on the instance (``predicted.on_done`` removes them)."""
         self.count(pk, n, window)
-        if self.coarse is not None:
-            self.coarse.before_add(pk)
         self.load.add(pk, instance_id, self.traffic.g)
         self.predicted.on_sent(pk, instance_id, uncached, body)

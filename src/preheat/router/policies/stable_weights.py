@@ -26,7 +26,6 @@ from collections.abc import Iterator, Sequence
 from math import exp, log
 
 from preheat.router.kvindex import CapacityIndex
-from preheat.router.policies.stable_coarse import CoarseLoad
 from preheat.router.policies.stable_load import SessionLoad
 from preheat.router.prefix import MASK64, SCORE_MULTIPLIER
 
@@ -108,7 +107,7 @@ class FleetWeights(Sequence[float]):
 
 
 def balance_weights(
-    load: SessionLoad | CoarseLoad,
+    load: SessionLoad,
     ids: Sequence[str],
     capacity: Sequence[float] | None,
     g: float,
