@@ -12,6 +12,7 @@ balance bound must hold at every length and seed, not on average).
     .venv/bin/python benchmarks/stable_load.py --requests 600,1800 --seeds 1,2
     .venv/bin/python benchmarks/stable_load.py --pythonpath /tmp/old/src
     .venv/bin/python benchmarks/stable_load.py --requests 600,1800 --seeds 1,2 --placement stable-split
+    .venv/bin/python benchmarks/stable_load.py --requests 600,1800 --seeds 1,2 --placement stable-move
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def main() -> None:
     ap.add_argument("--pythonpath", help="PYTHONPATH for the runs (another checkout's src)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once")
     ap.add_argument(
-        "--placement", default="stable", help="prefix_aware placement (stable, stable-split...)"
+        "--placement",
+        default="stable",
+        help="prefix_aware placement (stable, stable-split, stable-move...)",
     )
     args = ap.parse_args()
     grid = [(c, r, s) for c in CELLS for r in _ints(args.requests) for s in _ints(args.seeds)]

@@ -22,7 +22,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from preheat.errors import ConfigError
 from preheat.router.prefix import check_prefix_length
 
-PLACEMENTS = ("stable", "learned", "hash", "hybrid", "stable-split")
+PLACEMENTS = ("stable", "learned", "hash", "hybrid", "stable-split", "stable-move")
 OUTCOMES = ("affinity", "spill", "fallback", "random", "least_outstanding", "hint")
 #: Bounds of ``concurrency_threshold`` (in-flight requests per instance); the spec uses them too.
 CONCURRENCY_THRESHOLD_RANGE = (1, 1024)

@@ -129,6 +129,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             params.index_entries,
             params.balance_window,
             split=params.placement == "stable-split",
+            move=params.placement == "stable-move",
         )
         # Capacity-weighted rendezvous weights for ``stable`` (None: all equal); rebuilt
         # when the instance list or a capacity changes.
@@ -236,7 +237,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._body = request.body
         self._sync(instances)
         seeds = self._seed_list
-        if p.placement == "stable":
+        if p.placement in ("stable", "stable-move"):
             return self._choose_stable(pk, instances, _InFlight(instances), seeds)
         loads = [i.in_flight for i in instances]
         if p.placement == "hash":

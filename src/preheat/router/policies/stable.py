@@ -49,6 +49,10 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
 ``placement: stable-split`` (``StablePlacement(split=True)``) adds one step between 2 and
 3: a heavy cold block whose instance is overloaded gets a second member, filled by the
 block's rendezvous order (router/policies/stable_split.py).
+``placement: stable-move`` (``StablePlacement(move=True)``) changes step 2's cold block:
+a heavy one (target >= 0.5) on an instance 10 % above the mean load is re-homed once,
+to the first instance of its plain rendezvous order at or below the mean
+(router/policies/stable_move.py).
 
 Outcomes: ``affinity`` (``hint`` for a hinted key) when the pick holds a leading part
 of the prompt (learned index, or KV events for synced instances), ``fallback`` when a
@@ -84,6 +88,7 @@ from preheat.router.kvindex import CapacityIndex
 from preheat.router.kvlookup import HeldChars
 from preheat.router.policies.predicted import QUEUED_SHARE, PredictedPlacement
 from preheat.router.policies.stable_load import SessionLoad
+from preheat.router.policies.stable_move import Moves
 from preheat.router.policies.stable_split import below_mean, follows, overloaded
 from preheat.router.policies.stable_traffic import (
     HOT_SPREAD,
@@ -135,7 +140,13 @@ class StablePlacement:
     """Traffic counts per block, their spreads, and the decision of the module header."""
 
     def __init__(
-        self, index: CapacityIndex, max_entries: int, window: int, *, split: bool = False
+        self,
+        index: CapacityIndex,
+        max_entries: int,
+        window: int,
+        *,
+        split: bool = False,
+        move: bool = False,
     ) -> None:
         self.index = index
         # ``stable-split``: split a heavy block whose instance is overloaded
@@ -149,6 +160,9 @@ class StablePlacement:
         # Request load per instance, a chat's later turns counted through its first
         # (router/policies/stable_load.py).
         self.load = SessionLoad(self.max_entries)
+        # ``stable-move``: re-home a heavy cold block off an overloaded instance once
+        # (router/policies/stable_move.py); None for ``stable``.
+        self.move = Moves() if move else None
 
     # --- decision -----------------------------------------------------------------------
 
@@ -220,6 +234,8 @@ class StablePlacement:
                     members = [self._best(h, seeds, members, weights(members if mset else None))]
                     break
                 j0 = max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+                if self.move is not None:
+                    j0 = self.move.home(self.traffic, self.load, h, j0, members, ids, pos, seeds)
                 if not split:
                     members = [j0]
                     break
@@ -375,6 +391,8 @@ class StablePlacement:
         """An instance left: drop its KV-write count and queued prefill (hot sets refill
         without it at their next request)."""
         self.load.forget(instance_id)
+        if self.move is not None:
+            self.move.forget(instance_id)
         self.predicted.forget(instance_id)
 
     def spread(self, h: int) -> int:
