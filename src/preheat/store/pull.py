@@ -281,6 +281,8 @@ class Puller:
                 failures[id(exc)] = w.paths[0]
                 errors.append(exc)
 
+        n_paths = sum(len(x.paths) for x in wants.values())  # once: a sum per blob was O(files^2)
+
         async def fetch(w: _Want, seq: int) -> None:
             async with files:
                 lock = await lock_file(self.layout.tmp / f"{w.key}.lock")
@@ -303,7 +305,7 @@ class Puller:
                     unlock_file(lock)
             for p in w.paths:
                 out[p] = digest
-            if len(out) < sum(len(x.paths) for x in wants.values()):
+            if len(out) < n_paths:
                 await asyncio.to_thread(pause, "download")
 
         async def report() -> None:
