@@ -13,7 +13,11 @@ hashes in a bounded LRU; a request that repeats a conversation's or a document's
 earlier messages reuses them and hashes only its new blocks (``block_hashes`` with
 ``parent``), which gives the same chain as hashing the whole prompt. The piece after
 the last message (the generation prompt) is never a later prompt's prefix and is not
-kept. Completions prompts have no safe cut and are encoded whole.
+kept, nor is the last message's own piece: it is usually unique (a question after a
+shared document), and keeping it filled the memo with copies of the prefix (a long
+cumulative tuple per request) that were never hit, which cost memory, evictions of the
+shared prefixes and garbage-collector time; a chat's next turn encodes that message
+again (one short ``encode``). Completions prompts have no safe cut and are encoded whole.
 
 A new piece is cut the same way at every special token (the role headers) and each
 text part between them is encoded by the tokenizer; short parts (a role name, the
@@ -166,8 +170,8 @@ class PromptBuilder:
                 parent = hashes[-1] if hashes else None
                 more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
                 hashes = hashes + tuple(more)
-            if i == last:
-                break  # the generation prompt after the last message: never a prefix
+            if i >= last - 1:
+                continue  # the last message's piece and the generation prompt: not kept
             node = self._next_id
             self._next_id += 1
             memo[key] = (node, tokens, hashes)
@@ -217,8 +221,8 @@ class PromptBuilder:
                 parent = hashes[-1] if hashes else None
                 more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
                 hashes = hashes + tuple(more)
-            if k == n:
-                break  # the generation prompt: never a prefix
+            if k >= n - 1:
+                continue  # the last message's piece and the generation prompt: not kept
             node = self._next_id
             self._next_id += 1
             memo[key] = (node, tokens, hashes)
