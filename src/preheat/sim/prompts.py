@@ -196,6 +196,7 @@ class PromptBuilder:
         tokens: tuple[int, ...] = ()
         hashes: tuple[int, ...] = ()
         n = len(messages)
+        gen = False  # the generation prompt is in ``tokens``
         for k in range(n + 1):
             if k < n:
                 m = messages[k]
@@ -212,7 +213,12 @@ class PromptBuilder:
                 # (tuple + tuple: PyPy keeps a tuple's ints boxed, so copying the long
                 # prefix as a tuple is cheaper than unpacking it)
                 piece = (*heads[role, k == 0], *enc("\n\n" + content), _EOT_ID)
+                if k == n - 1:  # the last message: its generation prompt in the same copy
+                    piece = piece + self._gen
+                    gen = True
                 tokens = tokens + piece
+            elif gen:
+                break
             else:
                 tokens = tokens + self._gen
             start = len(hashes) * bs
