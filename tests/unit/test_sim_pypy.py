@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -45,5 +46,6 @@ def test_pypy_run_prints_the_cpython_clis_json(args: list[str]) -> None:
         cwd=ROOT,
     )
     assert there.returncode == 0, there.stderr
-    assert '"preemptions": 0' not in here.output or "rag" not in args
+    if "--kv-blocks" in args:  # the pressure run does preempt, so that path is compared
+        assert json.loads(here.output)["preemptions"] > 0
     assert there.stdout == here.output
