@@ -8,6 +8,8 @@ instances, and the 1M-request x 128-instance run (CPU seconds of one process).
 
 ``--compiled`` runs on the mypyc-compiled copy of the hot modules that
 ``benchmarks/compiled.py`` builds (or reuses) under ``~/.cache/preheat/compiled/``.
+``--pypy`` runs this script again under ``pypy3`` through ``benchmarks/pypy.py`` (the
+same source, with the few 3.11-only spellings patched for PyPy's Python 3.9).
 
 Times are ``time.process_time`` (CPU of this process: what one core spends) next to
 wall time; on a shared machine wall time also counts the other processes' turns.
@@ -148,6 +150,13 @@ def _on_compiled(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, __file__, *argv], env)
 
 
+def _on_pypy(argv: list[str]) -> None:
+    """Run this script again under ``pypy3`` with ``benchmarks/pypy.py``'s patches."""
+    loader = str(Path(__file__).resolve().parent / "pypy.py")
+    argv = [a for a in argv if a != "--pypy"]
+    os.execvp("pypy3", ["pypy3", loader, __file__, *argv])
+
+
 def _check_compiled() -> str | None:
     where = os.environ.get("PREHEAT_COMPILED")
     if where is None:
@@ -176,14 +185,21 @@ def main() -> None:
     ap.add_argument("--profile-out", type=Path)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--compiled", action="store_true", help="run on the mypyc-compiled copy")
+    ap.add_argument("--pypy", action="store_true", help="run under pypy3 (benchmarks/pypy.py)")
     args = ap.parse_args()
+    if args.pypy and args.compiled:
+        raise SystemExit("--pypy and --compiled exclude each other")
+    if args.pypy and sys.implementation.name != "pypy":
+        _on_pypy(sys.argv[1:])
     if args.compiled and "PREHEAT_COMPILED" not in os.environ:
         _on_compiled(sys.argv[1:])
     compiled = _check_compiled()
-    print(f"code: {'compiled ' + compiled if compiled else 'pure Python'}")
+    code = f"compiled {compiled}" if compiled else "pure Python"
+    print(f"code: {code} on {sys.implementation.name} {sys.version.split()[0]}")
     print(f"loadavg at start: {Path('/proc/loadavg').read_text().strip()}")
     result = {"decision": decision, "table": table, "million": million}[args.what](args)
     result["compiled"] = compiled
+    result["implementation"] = sys.implementation.name
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                                          "profile_out": str(args.profile_out)},

@@ -13,6 +13,7 @@ command -v skopeo >/dev/null 2>&1 || need+=(skopeo)
 [ -x /usr/bin/docker-registry ] || need+=(docker-registry)
 command -v ctr >/dev/null 2>&1 && command -v containerd >/dev/null 2>&1 || need+=(containerd) # ctr pulls through the node mirror (tests start their own containerd)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
+command -v pypy3 >/dev/null 2>&1 || need+=(pypy3) # tests/unit/test_sim_pypy.py: the simulator on PyPy (benchmarks/pypy.py)
 # Kubernetes test cluster (scripts/build-kube.sh, preheat.testing.kube): Go 1.19 builds
 # kube-apiserver/-controller-manager/-scheduler 1.20.2 from Debian's source package;
 # reflect2 v1.0.2 replaces the vendored v1.0.1 that crashes under Go >= 1.18; etcd 3.4 and

@@ -218,17 +218,22 @@ class KVCache:
         hashes: Sequence[int],
         num_prompt_tokens: int,
         num_tokens: int,
+        *,
+        hit: int | None = None,
     ) -> int | None:
         """Start a sequence: reuse its cached prefix and reserve slots for ``num_tokens``.
 
         ``num_tokens`` is how many tokens the sequence will have computed after its first
         step (cached prefix plus the first prefill chunk). Returns the number of cached
         prompt tokens, or ``None`` with nothing changed if the free blocks do not suffice.
-        Counts the lookup in ``queries`` / ``hits`` only when it succeeds.
+        Counts the lookup in ``queries`` / ``hits`` only when it succeeds. ``hit``: what
+        ``match(hashes, num_prompt_tokens)`` returned with no change to the cache since
+        (the scheduler has just asked), so the lookup is not repeated.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; free it first")
-        hit = self.match(hashes, num_prompt_tokens)
+        if hit is None:
+            hit = self.match(hashes, num_prompt_tokens)
         num_tokens = max(num_tokens, hit * self.block_size)
         blocks = list(map(self._by_hash.__getitem__, hashes[:hit]))
         ref = self._ref

@@ -54,7 +54,7 @@ def external_hash(h: Any) -> int | None:
     """A block hash from a KV event as the index's int key (None: not a block hash)."""
     if type(h) is int:
         return h
-    if isinstance(h, bytes | bytearray) and h:
+    if isinstance(h, (bytes, bytearray)) and h:
         return int.from_bytes(h, "big") & _MASK64
     return None
 

@@ -52,3 +52,29 @@ def test_chat_tokens_equal_one_encode_of_the_rendered_prompt(convs) -> None:
     for messages in [*convs, *convs]:
         p = b.build(None, {"messages": messages})
         assert list(p.tokens) == tok.encode(render_chat(messages))
+
+
+def test_bodies_off_the_plain_path_get_the_rendered_prompts_tokens() -> None:
+    """Tools, tool calls, content parts, a salt, and a content with special tokens after
+    the same conversation was memoised plain: each gives the tokens and hashes of the
+    rendered prompt, as the engine computes them."""
+    tok = Tokenizer()
+    system = {"role": "system", "content": "You are terse. " * 30}
+    user = {"role": "user", "content": "What is the cache?"}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    b = PromptBuilder()
+    bodies = [
+        {"messages": [system, user]},
+        {"messages": [system, user], "tools": [tool]},
+        {"messages": [system, user], "tools": []},
+        {"messages": [system, {"role": "assistant", "content": "", "tool_calls": [{"id": 1}]}]},
+        {"messages": [system, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        {"messages": [system, user], "cache_salt": "tenant-a"},
+        {"messages": [system, {"role": "user", "content": "a<|eot_id|>b <| c"}]},
+        {"messages": [system, user]},
+    ]
+    for body in bodies:
+        p = b.build(None, body)
+        text = render_chat(body["messages"], body.get("tools"))
+        assert list(p.tokens) == tok.encode(text)
+        assert list(p.hashes) == block_hashes(list(p.tokens), salt=body.get("cache_salt"))

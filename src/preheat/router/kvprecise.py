@@ -155,13 +155,13 @@ class PreciseIndex:
         ib.last_seq = seq
         mask, bit = self._mask, ib.bit
         for ev in events:
-            if not isinstance(ev, list | tuple) or not ev:
+            if not isinstance(ev, (list, tuple)) or not ev:
                 continue
             kind = ev[0]
             if kind == "AllBlocksCleared":
                 self._drop(ib)
                 self._sync(ib, "AllBlocksCleared")
-            elif ib.state != "synced" or len(ev) < 2 or not isinstance(ev[1], list | tuple):
+            elif ib.state != "synced" or len(ev) < 2 or not isinstance(ev[1], (list, tuple)):
                 continue
             elif kind == "BlockStored":
                 for raw in ev[1]:

@@ -13,12 +13,25 @@ hashes in a bounded LRU; a request that repeats a conversation's or a document's
 earlier messages reuses them and hashes only its new blocks (``block_hashes`` with
 ``parent``), which gives the same chain as hashing the whole prompt. The piece after
 the last message (the generation prompt) is never a later prompt's prefix and is not
-kept. Completions prompts have no safe cut and are encoded whole.
+kept, nor is the last message's own piece: it is usually unique (a question after a
+shared document), and keeping it filled the memo with copies of the prefix (a long
+cumulative tuple per request) that were never hit, which cost memory, evictions of the
+shared prefixes and garbage-collector time; a chat's next turn encodes that message
+again (one short ``encode``). Completions prompts have no safe cut and are encoded whole.
 
 A new piece is cut the same way at every special token (the role headers) and each
 text part between them is encoded by the tokenizer; short parts (a role name, the
 generation prompt's parts) are kept in a small table, so a piece costs one ``encode``
 of its content.
+
+Plain messages (a list of dicts with a known role and string content without ``<|``,
+no tools, no tool calls: every workload's chat bodies) skip the rendering: message
+``k``'s piece is then exactly ``[<|begin_of_text|>]<|start_header_id|>ROLE
+<|end_header_id|>\n\nCONTENT<|eot_id|>``, whose tokens are the special ids around
+``encode(ROLE)`` and ``encode("\n\n" + CONTENT)``, so the memo is keyed by the role
+and the content string itself (hashed once per string object) instead of the rendered
+piece, and the generation prompt's tokens are a constant. Anything else is rendered
+with ``render_chat`` as before (which also names what is wrong with a bad body).
 """
 
 from __future__ import annotations
@@ -29,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.engine.core.chat import render_chat
+from preheat.engine.core.chat import ROLES, render_chat
 from preheat.engine.core.tokenizer import SPECIAL_TOKENS, Tokenizer
 from preheat.errors import ConfigError
 from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
@@ -45,6 +58,10 @@ _Node = tuple[int, tuple[int, ...], tuple[int, ...]]
 _SPECIAL = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
 _SHORT = 64  # text parts up to this many characters are kept in the parts table
 _PARTS_MAX = 4096  # entries in the parts table before it is emptied
+_BOT = SPECIAL_TOKENS["<|begin_of_text|>"]
+_SH = SPECIAL_TOKENS["<|start_header_id|>"]
+_EH = SPECIAL_TOKENS["<|end_header_id|>"]
+_EOT_ID = SPECIAL_TOKENS[_EOT]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +86,21 @@ class PromptBuilder:
         self.block_size = block_size
         self.tokenizer = Tokenizer()
         self.memo_tokens = memo_tokens
-        self._memo: OrderedDict[tuple[int, str | None, str], _Node] = OrderedDict()
+        # Keys: (node, salt, piece) for rendered pieces, (node, salt, role, content) for
+        # plain messages.
+        self._memo: OrderedDict[tuple[Any, ...], _Node] = OrderedDict()
         self._held = 0
         self._next_id = 1
         self._parts: dict[str, tuple[int, ...]] = {}
+        enc = self.tokenizer.encode
+        # A plain message's tokens before and after "\n\n" + content, by role and by
+        # whether it is the first (after <|begin_of_text|>); the generation prompt's.
+        self._heads = {
+            (role, first): ((_BOT,) if first else ()) + (_SH, *enc(role), _EH)
+            for role in ROLES
+            for first in (True, False)
+        }
+        self._gen = (_SH, *enc("assistant"), _EH, *enc("\n\n"))
 
     def build(self, path: str | None, body: Mapping[str, Any]) -> Prompt:
         """The engine's view of ``body`` sent to ``path`` (``None``: chat if the body has
@@ -89,8 +117,13 @@ class PromptBuilder:
         if chat:
             if "messages" not in body:
                 raise ConfigError("'messages' is required for /v1/chat/completions")
-            text = render_chat(body["messages"], body.get("tools"))
-            tokens, hashes = self._chat(text, salt)
+            messages = body["messages"]
+            got = None
+            if not body.get("tools") and _plain(messages):
+                got = self._plain_chat(messages, salt)
+            if got is None:
+                got = self._chat(render_chat(messages, body.get("tools")), salt)
+            tokens, hashes = got
         else:
             tokens = tuple(self._prompt_ids(body.get("prompt")))
             hashes = tuple(block_hashes(tokens, self.block_size, salt=salt))
@@ -137,8 +170,65 @@ class PromptBuilder:
                 parent = hashes[-1] if hashes else None
                 more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
                 hashes = hashes + tuple(more)
-            if i == last:
-                break  # the generation prompt after the last message: never a prefix
+            if i >= last - 1:
+                continue  # the last message's piece and the generation prompt: not kept
+            node = self._next_id
+            self._next_id += 1
+            memo[key] = (node, tokens, hashes)
+            self._held += len(tokens)
+            while self._held > self.memo_tokens and len(memo) > 1:
+                _, (_, old, _) = memo.popitem(last=False)
+                self._held -= len(old)
+        return tokens, hashes
+
+    def _plain_chat(
+        self, messages: list[dict[str, Any]], salt: str | None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        # _chat of render_chat(messages) for plain messages (see the module docstring):
+        # the same pieces, tokens and hashes, keyed (node, salt, role, content); None
+        # when a content not seen before has "<|" (a hit's content was checked when it
+        # was kept).
+        memo = self._memo
+        bs = self.block_size
+        enc = self.tokenizer.encode
+        heads = self._heads
+        node = 0
+        tokens: tuple[int, ...] = ()
+        hashes: tuple[int, ...] = ()
+        n = len(messages)
+        gen = False  # the generation prompt is in ``tokens``
+        for k in range(n + 1):
+            if k < n:
+                m = messages[k]
+                role = m["role"]
+                content = m["content"]
+                key = (node, salt, role, content)
+                hit = memo.get(key)
+                if hit is not None:
+                    memo.move_to_end(key)
+                    node, tokens, hashes = hit
+                    continue
+                if "<|" in content:
+                    return None
+                # (tuple + tuple: PyPy keeps a tuple's ints boxed, so copying the long
+                # prefix as a tuple is cheaper than unpacking it)
+                piece = (*heads[role, k == 0], *enc("\n\n" + content), _EOT_ID)
+                if k == n - 1:  # the last message: its generation prompt in the same copy
+                    piece = piece + self._gen
+                    gen = True
+                tokens = tokens + piece
+            elif gen:
+                break
+            else:
+                tokens = tokens + self._gen
+            start = len(hashes) * bs
+            full = len(tokens) // bs * bs
+            if full > start:
+                parent = hashes[-1] if hashes else None
+                more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
+                hashes = hashes + tuple(more)
+            if k >= n - 1:
+                continue  # the last message's piece and the generation prompt: not kept
             node = self._next_id
             self._next_id += 1
             memo[key] = (node, tokens, hashes)
@@ -170,3 +260,18 @@ class PromptBuilder:
                     ids = parts[part] = tuple(enc(part))
                 out += ids
         return tuple(out)
+
+
+def _plain(messages: Any) -> bool:
+    """True for a non-empty list of ``{"role": ROLE, "content": str}`` dicts (other keys
+    allowed but no ``tool_calls``): if no content has ``<|`` (``_plain_chat`` checks),
+    their rendered pieces are known without rendering."""
+    if type(messages) is not list or not messages:
+        return False
+    for m in messages:
+        if type(m) is not dict or m.get("tool_calls"):
+            return False
+        content = m.get("content")
+        if type(content) is not str or m.get("role") not in ROLES:
+            return False
+    return True

@@ -42,7 +42,7 @@ def parse_trace(lines: Iterable[str], *, where: str = "trace") -> list[SimItem]:
             t = doc.get("t")
             body = doc["body"]
             if t is not None and (
-                isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0
+                isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0
             ):
                 raise ConfigError(f"{at}: 't' must be seconds >= 0, got {t!r}")
             if not isinstance(body, dict):

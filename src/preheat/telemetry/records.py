@@ -73,7 +73,7 @@ class EventClass(StrEnum):
 def _check_ts(name: str, value: float | None) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"StartRecord.{name} = {value!r} is not a finite epoch time in seconds")
 
 

@@ -44,7 +44,8 @@ class SeqState:
     """One request inside the engine."""
 
     req_id: Hashable
-    prompt_tokens: list[int]
+    prompt_tokens: Sequence[int]
+    """The prompt's ids: the caller's tuple itself (immutable, so shared), else a copy."""
     max_tokens: int
     arrival: float
     salt: str | None = None
@@ -73,7 +74,7 @@ class SeqState:
         return self.num_computed < self.num_prompt_tokens
 
     def all_tokens(self) -> list[int]:
-        return self.prompt_tokens + self.output_tokens
+        return [*self.prompt_tokens, *self.output_tokens]
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,10 @@ class Scheduler:
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens} must be at least 1")
         self.check(len(prompt_tokens), max_tokens)
-        seq = SeqState(req_id, list(prompt_tokens), max_tokens, arrival, salt)
+        # A tuple is kept as it is (the fleet simulator's memoised prompts: no copy of
+        # hundreds of ids per request); anything else is copied, as the caller may change it.
+        tokens = prompt_tokens if type(prompt_tokens) is tuple else list(prompt_tokens)
+        seq = SeqState(req_id, tokens, max_tokens, arrival, salt)
         seq.hashes = (
             block_hashes(seq.prompt_tokens, self.kv.block_size, salt=salt)
             if hashes is None
@@ -256,7 +260,9 @@ class Scheduler:
                 hit_blocks = kv.match(seq.hashes, seq.num_tokens)
                 start = hit_blocks * kv.block_size
                 n = min(seq.num_tokens - start, budget)
-                cached = kv.allocate_prompt(seq.req_id, seq.hashes, seq.num_tokens, start + n)
+                cached = kv.allocate_prompt(
+                    seq.req_id, seq.hashes, seq.num_tokens, start + n, hit=hit_blocks
+                )
                 if cached is None:
                     break
                 self.waiting.popleft()
@@ -315,7 +321,7 @@ class Scheduler:
                 lp = len(prompt)
                 # all_tokens()[start : nfull * bs] without copying the whole prompt
                 end = nfull * bs
-                tail = prompt[start:end] + output[max(start - lp, 0) : max(end - lp, 0)]
+                tail = [*prompt[start:end], *output[max(start - lp, 0) : max(end - lp, 0)]]
                 hashes.extend(block_hashes(tail, bs, parent=parent, salt=seq.salt))
             commit(seq.req_id, hashes, seq.num_computed)
             first = seq.first_token_time is None

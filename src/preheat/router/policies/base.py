@@ -125,7 +125,7 @@ class PolicyParams:
                 f"concurrency_threshold {t!r} is outside {lo}-{hi} in-flight requests per instance"
             )
         e = self.balance_epsilon
-        if isinstance(e, bool) or not isinstance(e, int | float) or not 0.01 <= e <= 10:
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0.01 <= e <= 10:
             raise ConfigError(f"balance_epsilon {e!r} is outside 0.01-10; 0.1 allows 10% skew")
         if not 512 <= self.block_chars <= 16384:
             raise ConfigError(f"block_chars {self.block_chars} is outside 512-16384; use 2048")
@@ -137,7 +137,7 @@ class PolicyParams:
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
         lw = self.load_weight
-        if isinstance(lw, bool) or not isinstance(lw, int | float) or not 0 <= lw <= 100:
+        if isinstance(lw, bool) or not isinstance(lw, (int, float)) or not 0 <= lw <= 100:
             raise ConfigError(f"load_weight {lw!r} is outside 0-100; 1 is the default")
         if not 1 <= self.max_holders <= 64:
             raise ConfigError(f"max_holders {self.max_holders} is outside 1-64")
