@@ -70,6 +70,26 @@ def test_hit_on_full_leading_blocks_only() -> None:
     assert (kv.queries, kv.hits) == (24, 8)
 
 
+def test_a_match_passed_in_admits_as_a_fresh_lookup_does() -> None:
+    """``allocate_prompt(hit=match(...))`` (the scheduler's admission) reuses, counts and
+    refcounts exactly as the lookup it saves: the same cached tokens, counters and state."""
+    a, b = KVCache(16, BS), KVCache(16, BS)
+    for kv in (a, b):
+        run(kv, "a", toks(12))
+        kv.free("a")
+    prompt = [*toks(9), 100, 101, 102]
+    ha, hb = a.hashes(prompt), b.hashes(prompt)
+    assert a.allocate_prompt("b", ha, len(prompt), len(prompt)) == 8
+    assert b.allocate_prompt("b", hb, len(prompt), len(prompt), hit=b.match(hb, len(prompt))) == 8
+    assert a.stats() == b.stats() and (a.queries, a.hits) == (b.queries, b.hits) == (24, 8)
+    a.commit("b", ha, len(prompt))
+    b.commit("b", hb, len(prompt))
+    a.free("b")
+    b.free("b")
+    assert run(a, "c", prompt) == run(b, "c", prompt) == 8
+    assert a.stats() == b.stats()
+
+
 def test_fully_cached_prompt_recomputes_last_block() -> None:
     """An identical 12-token prompt reuses 8 tokens: the last token must be computed."""
     kv = KVCache(16, BS)
