@@ -332,7 +332,7 @@ def main() -> None:
     ap.add_argument(
         "--kinds",
         default="preheat,preheat-learned,preheat-hash,preheat-hybrid",
-        help="preheat placements: preheat (the default, stable), preheat-learned, "
+        help="preheat placements: preheat (the default, stable-move), preheat-stable, preheat-learned, "
         "preheat-hash, preheat-hybrid",
     )
     ap.add_argument(

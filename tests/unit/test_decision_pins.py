@@ -90,6 +90,10 @@ def _digest(placement: str, events: bool) -> tuple[str, dict[str, int]]:
 PINS = {
     ("stable", False): "64769a7bc9e5fde4",
     ("stable", True): "2bbfef5ea8dfa5eb",
+    # stable-move, the default since issue 14's movedefault: pinned when it became the
+    # default (its digests then), so a speedup that changes a move is caught too.
+    ("stable-move", False): "25b175fa062ab178",
+    ("stable-move", True): "a7333cdfbbd80de9",
     ("learned", False): "46a66840feae0501",
     ("learned", True): "46a3ebd3580ed8b5",
     ("hash", False): "1dcc8a70007d3e61",
@@ -107,20 +111,41 @@ def test_a_seeded_decision_stream_gives_the_choices_it_gave_before(
     assert digest == PINS[(placement, events)], outcomes
 
 
-def test_a_seeded_simulator_run_with_the_default_placement_gives_the_figures_it_gave() -> None:
-    """A seeded simulator run under KV pressure with the default (``stable``) placement
-    reproduces the figures the code gave before the decision-cost work."""
+def _sim(placement: str | None) -> dict[str, Any]:
     items = [SimItem(w.request_id, w.path, w.body, w.after) for w in WORKLOADS["rag"](400, seed=1)]
+    params = PolicyParams() if placement is None else PolicyParams(placement=placement)
     cfg = RoutingConfig(
         instances=4, profile=get_profile("tiny"), policy="prefix_aware", kv_blocks=300,
-        concurrency=16, params=PolicyParams(),
+        concurrency=16, params=params,
     )  # fmt: skip
-    s = simulate_routing(
+    s: dict[str, Any] = simulate_routing(
         items, cfg, policy_rng=random.Random(0), arrival_rng=random.Random(1)
     ).summary()
+    return s
+
+
+def test_a_seeded_simulator_run_with_the_stable_placement_gives_the_figures_it_gave() -> None:
+    """A seeded simulator run under KV pressure with the ``stable`` placement (the default
+    until issue 14's movedefault) reproduces the figures the code gave before the
+    decision-cost work."""
+    s = _sim("stable")
     assert (s["preemptions"], s["steps"], s["events"]) == (54, 5008, 5008)
     assert s["decisions"] == {"affinity": 396, "fallback": 4}
     assert s["kv_hit_rate"] == pytest.approx(0.451909025949363, rel=1e-12)
     assert s["ttft_p50_ms"] == pytest.approx(12.802323139999627, rel=1e-9)
     assert s["ttft_p99_ms"] == pytest.approx(219.94415992659827, rel=1e-9)
     assert s["virtual_s"] == pytest.approx(2.8130415100999975, rel=1e-9)
+
+
+def test_a_seeded_simulator_run_with_the_default_placement_gives_the_figures_it_gave() -> None:
+    """The same run with the default placement (``stable-move``) reproduces the figures
+    pinned when it became the default: a 1.03x worst share where ``stable`` has 1.17x."""
+    assert PolicyParams().placement == "stable-move"
+    s = _sim(None)
+    assert (s["preemptions"], s["steps"], s["events"]) == (65, 5077, 5077)
+    assert s["decisions"] == {"affinity": 396, "fallback": 4}
+    assert s["max_share_over_mean"] == pytest.approx(1.03, rel=1e-12)
+    assert s["kv_hit_rate"] == pytest.approx(0.4347178413282393, rel=1e-12)
+    assert s["ttft_p50_ms"] == pytest.approx(15.624974479999054, rel=1e-9)
+    assert s["ttft_p99_ms"] == pytest.approx(151.27398101440187, rel=1e-9)
+    assert s["virtual_s"] == pytest.approx(2.7388040010199974, rel=1e-9)

@@ -1,4 +1,5 @@
-"""The default ``stable`` placement of prefix_aware: agreement, balance, spreads, churn."""
+"""The ``stable`` placement of prefix_aware (the default before ``stable-move``): agreement,
+balance, spreads, churn."""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ import random
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from preheat.bench.workloads import WorkItem, chat, rag, templated
 from preheat.router.policies import Instance, PolicyParams, PrefixAwarePolicy, RouteRequest
 from preheat.router.policies.stable_load import SessionLoad
@@ -64,17 +66,19 @@ def _agreement(runs: list[dict[str, str]]) -> float:
     return sum(1 for k in runs[0] if len({r[k] for r in runs}) == 1) / len(runs[0])
 
 
-def test_replicas_agree_on_chat_whose_turns_each_sees_at_its_own_moments() -> None:
-    """Four replicas agree on >= 99 % of multi-turn chat, RAG and templated requests when
-    each sees a chat's later turns at different moments, within 1.2 x the mean share
-    (the old per-request counts agreed on about 60 % of this chat stream)."""
+@pytest.mark.parametrize("placement", ["stable", PolicyParams().placement])
+def test_replicas_agree_on_chat_whose_turns_each_sees_at_its_own_moments(placement: str) -> None:
+    """Four replicas (``stable``, and the default ``stable-move``) agree on >= 99 % of
+    multi-turn chat, RAG and templated requests when each sees a chat's later turns at
+    different moments, within 1.2 x the mean share (the old per-request counts agreed on
+    about 60 % of this chat stream)."""
     streams = (
         chat(420, seed=11),
         rag(420, documents=40, doc_chars=3000, seed=7),
         templated(420, seed=7),
     )
     for items in streams:
-        runs = [_replica(items, 20 + s) for s in range(4)]
+        runs = [_replica(items, 20 + s, placement=placement) for s in range(4)]
         assert _agreement(runs) >= 0.99, items[0].group
         shares = Counter(runs[0].values())
         assert max(shares.values()) <= 1.2 * len(items) / 7, (items[0].group, shares)

@@ -176,11 +176,13 @@ def test_thousands_of_refused_requests_do_not_recurse() -> None:
     assert sum(s["decisions"].values()) == 1200  # type: ignore[attr-defined]
 
 
-def test_a_seeded_run_under_the_routers_default_placement_gives_its_pinned_figures() -> None:
-    """The same run under the router's default placement (``stable``, what ``preheat sim
-    routing`` now uses) reproduces its own pinned figures."""
-    assert PolicyParams().placement == "stable"
-    s = _run(_items("rag", 400), kv_blocks=300, concurrency=16)
+def test_a_seeded_run_under_the_stable_placement_gives_its_pinned_figures() -> None:
+    """The same run under the ``stable`` placement (the router's default until issue 14's
+    movedefault; test_decision_pins.py pins the new default's figures) reproduces its
+    own pinned figures."""
+    s = _run(
+        _items("rag", 400), kv_blocks=300, concurrency=16, params=PolicyParams(placement="stable")
+    )
     assert (s["preemptions"], s["steps"], s["events"]) == (54, 5008, 5008)
     assert s["decisions"] == {"affinity": 396, "fallback": 4}
     assert s["kv_hit_rate"] == pytest.approx(0.451909025949363, rel=1e-12)
@@ -191,7 +193,7 @@ def test_a_seeded_run_under_the_routers_default_placement_gives_its_pinned_figur
 
 def test_the_cli_routes_with_the_routers_default_placement() -> None:
     """``preheat sim routing`` without --placement routes as a router with default
-    parameters does (stable), not as the learned placement it used to default to."""
+    parameters does (stable-move), not as the learned placement it used to default to."""
     args = ["sim", "routing", "--instances", "3", "--profile", "tiny", "--policy",
             "prefix_aware", "--workload", "rag", "--requests", "40", "--concurrency", "6",
             "--kv-blocks", "300", "--seed", "3", "--json"]  # fmt: skip

@@ -80,11 +80,14 @@ def router() -> None:
     type=click.Choice(list(PLACEMENTS)),
     default=_P.placement,
     show_default=True,
-    help="prefix_aware: stable (the default: hot prefixes own a replica set sized by "
+    help="prefix_aware: stable-move (the default: stable, plus a heavy cold prefix on an "
+    "instance 10% above the mean load moved once to a less loaded one), stable (hot "
+    "prefixes own a replica set sized by "
     "their traffic share, cold prefixes are partitioned over the fleet's KV memory by "
     "capacity- and balance-weighted rendezvous hashing and then stay, chat turns "
     "follow their conversation, spill only at --concurrency-threshold; replicas agree "
-    "on document and template traffic), learned (least predicted time to first token: "
+    "on document and template traffic), stable-split (a heavy cold prefix copied to a "
+    "second instance instead), learned (least predicted time to first token: "
     "the prompt's uncached part on each instance, from a KV-capacity-aware index, plus "
     "its queued prefill, within load and share bounds), hash "
     "(stateless rendezvous; replicas agree whatever order they see requests in) or "

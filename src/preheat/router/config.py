@@ -14,7 +14,8 @@ File format (YAML or JSON; see docs/routing.md)::
         max_holders: 8              # instances remembered per learned block
         balance_window: 1000        # decisions over which request shares are balanced
         load_weight: 0.05           # queued prefill vs this prompt's uncached prefill
-        placement: stable           # stable (default) | learned | hash (stateless) | hybrid
+        placement: stable-move      # stable-move (default) | stable | stable-split | learned
+                                    # | hash (stateless) | hybrid
         instances: [http://127.0.0.1:8001, http://127.0.0.1:8002]
     # or, with the instance's KV-event publisher (router/kvevents_sub.py; the options of a
     # real model's engine, tokenizer/hash/replay, are in router/kvspec.py):

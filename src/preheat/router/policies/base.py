@@ -97,9 +97,11 @@ class PolicyParams:
         requests in flight) weighs against the prefill this prompt would need there
         (0-100; 1 trusts the queue estimate fully; 0.05 by default, measured best for hit
         rate); hybrid/hash ignore it.
-    placement: ``stable`` (the default: traffic-sized replica sets for hot prefixes,
-        weighted rendezvous for cold ones, spill only at the cap; replicas agree on
-        document and template traffic), ``learned`` (the least predicted TTFT over the
+    placement: ``stable-move`` (the default: ``stable`` plus a once-only move of a heavy
+        cold block off an overloaded instance, stable_move.py), ``stable`` (traffic-sized
+        replica sets for hot prefixes, weighted rendezvous for cold ones, spill only at
+        the cap; replicas agree on document and template traffic), ``stable-split`` (a
+        heavy cold block copied instead of moved), ``learned`` (the least predicted TTFT over the
         capacity-modelled learned index, under the load and share bounds), ``hash`` (stateless
         rendezvous with the in-flight bound; replicas agree in any order) or ``hybrid``
         (stable home keys, hot homes spread, share bound; replicas agree whatever their
@@ -114,7 +116,7 @@ class PolicyParams:
     max_holders: int = 8
     balance_window: int = 1000
     load_weight: float = 0.05
-    placement: str = "stable"
+    placement: str = "stable-move"
 
     def __post_init__(self) -> None:
         check_prefix_length(self.prefix_length)

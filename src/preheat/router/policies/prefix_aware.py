@@ -9,12 +9,14 @@ Algorithm (one decision; no I/O, no clock; deterministic given the request strea
    to cut *i*, so the next turn of a chat repeats every hash of the previous turn. The
    request key is ``chain[-1]``; an ``X-Preheat-Prefix-Id`` hint replaces the chain by
    one hashed id.
-2. **Placement** ``stable`` (the default): hot prefixes own a replica set sized by
+2. **Placement** ``stable-move`` (the default since issue 14's movedefault) is
+   ``stable`` with a heavy cold block on an overloaded instance re-homed once
+   (router/policies/stable_move.py). ``stable``: hot prefixes own a replica set sized by
    their share of traffic, the first cold block of a prompt stays where it was sent or
    is placed by capacity- and balance-weighted rendezvous hashing, spill only at
    ``concurrency_threshold``: a function of the request and of counts every replica
    computes alike (router/policies/stable.py, with its thresholds). ``learned`` (the
-   previous default): the least predicted TTFT over the capacity-modelled learned
+   default before ``stable``): the least predicted TTFT over the capacity-modelled learned
    index, under the in-flight and share bounds, spilling along the matched prefix's own
    rendezvous order (router/policies/predicted.py). With KV events (``precise``, set by
    the router; router/kvprecise.py) the blocks each synced instance announced replace
@@ -35,7 +37,8 @@ Thresholds and their meaning (``PolicyParams``; defaults in parentheses):
 * ``index_entries`` (200,000): learned block hashes kept in total (LRU): the memory
   bound, roughly 200 bytes each.
 * ``max_holders`` (8; 1-64): instances remembered per block (the oldest is dropped).
-* ``placement`` (``stable``; ``learned``, ``hash`` and ``hybrid`` are selectable):
+* ``placement`` (``stable-move``; ``stable``, ``stable-split``, ``learned``, ``hash``
+  and ``hybrid`` are selectable):
   ``hash`` keeps no state and reads no relative load (the first instance in the key's
   rendezvous order below ``concurrency_threshold``: SageMaker's rule); ``hybrid`` reads
   no in-flight count below it and places nothing by "least loaded" (a home key, hot
@@ -263,9 +266,9 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
     def _choose_stable(
         self, pk: PrefixKey, instances: Sequence[InstT], loads: Loads, seeds: list[int]
     ) -> Choice[InstT]:
-        """``placement: stable`` (the default): replica sets sized by traffic share,
-        members by the request's own blocks, spill only at a burst limit
-        (router/policies/stable.py)."""
+        """``placement: stable`` and ``stable-move`` (the default): replica sets sized by
+        traffic share, members by the request's own blocks, spill only at a burst limit
+        (router/policies/stable.py; the move: stable_move.py)."""
         if not self._weights_ok:
             self._weights = capacity_weights(self._ids, self.index)
             self._weights_ok = True

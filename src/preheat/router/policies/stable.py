@@ -1,5 +1,6 @@
-"""The default (``stable``) placement of ``prefix_aware``: a function of the request and of
-state every router replica computes the same way, so replicas agree without talking.
+"""The ``stable`` placement of ``prefix_aware`` and its variants (``stable-move``, the
+default, and ``stable-split``): a function of the request and of state every router
+replica computes the same way, so replicas agree without talking.
 
 Algorithm (one decision; pure: no I/O, no clock, no randomness):
 
@@ -49,7 +50,8 @@ Algorithm (one decision; pure: no I/O, no clock, no randomness):
 ``placement: stable-split`` (``StablePlacement(split=True)``) adds one step between 2 and
 3: a heavy cold block whose instance is overloaded gets a second member, filled by the
 block's rendezvous order (router/policies/stable_split.py).
-``placement: stable-move`` (``StablePlacement(move=True)``) changes step 2's cold block:
+``placement: stable-move`` (``StablePlacement(move=True)``, the default since issue 14's
+movedefault) changes step 2's cold block:
 a heavy one (target >= 0.5) on an instance 10 % above the mean load is re-homed once,
 to the first instance of its plain rendezvous order at or below the mean
 (router/policies/stable_move.py).

@@ -29,10 +29,12 @@ Measured (benchmarks/stable_load.py, 16 simulator runs): worst share 1.03 / 1.09
 RAG + chat cells (``stable``: 1.21 / 1.25) at the same hit rate (+0.001 / -0.002), and
 1.14 / 1.33 on code completion (``stable``: 1.28 / 1.51) at -0.004 / -0.002 hit rate:
 the code cells still miss the 1.10 bound (hot sets of a repository's hottest files
-that share members, which a cold move does not touch). Not the default: that, and the
-load it reads is a function of decisions (shuffled-order agreement 90-98 % on RAG and
-91-97 % on templated over 6 stream seeds, ``stable`` 93-100 % and 77-97 %; closed-loop
-streams 100 %).
+that share members, which a cold move does not touch). The default placement since
+issue 14's movedefault (11 of 16 simulator runs and 15 of 16 live cells within 1.10,
+``stable`` 5 and 11; docs/benchmarks.md, Router 7, "default switched"). Still open:
+the code cells, and the load it reads is a function of decisions (shuffled-order
+agreement 90-98 % on RAG and 91-97 % on templated over 6 stream seeds, ``stable``
+93-100 % and 77-97 %; closed-loop streams and live c=8 100 %).
 """
 
 from __future__ import annotations
