@@ -49,6 +49,9 @@ CHARS_PER_TOKEN = 4
 # Request fields that change the prompt an engine renders (besides messages/prompt).
 _PROMPT_FIELDS = ("tools", "functions", "documents", "chat_template", "chat_template_kwargs")
 _SEP = "\x1e"  # record separator: cannot be confused with ordinary text boundaries
+# ``remember_parts``: parts up to this long are keyed by value (role heads are new
+# strings in every request), longer ones by identity.
+_SHORT = 64
 
 
 class PrefixKey(NamedTuple):
@@ -192,19 +195,30 @@ def score(key: int, seed: int) -> int:
     return ((key ^ seed) * SCORE_MULTIPLIER) & MASK64
 
 
+def _covering(parts: Sequence[str], n: int) -> tuple[int, int]:
+    """How many leading parts hold the first ``n`` characters of ``"".join(parts)``, and
+    the length of those parts but the last (where the last one starts)."""
+    size = 0
+    k = 0
+    for k, part in enumerate(parts, 1):
+        m = size + len(part)
+        if m >= n:
+            return k, size
+        size = m
+    return k, size
+
+
 def _leading(parts: Sequence[str], n: int) -> str:
-    """The first ``n`` characters of ``"".join(parts)``, joining only the parts needed."""
+    """The first ``n`` characters of ``"".join(parts)``, joining only the parts needed
+    (the last of them cut, so a long message is not copied whole first)."""
     if len(parts) == 1:
         text = parts[0]
         return text if len(text) <= n else text[:n]
-    size = 0
-    k = 0
-    for k, part in enumerate(parts, 1):  # noqa: B007 (k is read after the loop)
-        size += len(part)
-        if size >= n:
-            break
-    text = "".join(parts[:k])
-    return text if size <= n else text[:n]
+    k, start = _covering(parts, n)
+    last = parts[k - 1]
+    if start + len(last) > n:
+        last = last[: n - start]
+    return "".join(parts[: k - 1]) + last if k > 1 else last
 
 
 class PrefixHasher:
@@ -230,6 +244,25 @@ class PrefixHasher:
         self._base = base
         self._seed_cache: dict[str, int] = {}
         self._starts: dict[tuple[str | None, str | None], Any] = {}
+        # Opt-in (``remember_parts``): chains of prefixes made of the same string objects.
+        self._memo: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[int, ...]]] | None = None
+        self._memo_entries = 0
+
+    def remember_parts(self, entries: int) -> None:
+        """Remember the chains of up to ``entries`` prefixes, keyed by the identity of their
+        long strings (and the value of the short ones), so a prompt built from the very
+        same string objects as an earlier one is not hashed again (the fleet simulator:
+        a family's shared prefix is one string). The memo holds a reference to every
+        string it keys (that makes identity exact: a live object's id is not reused), so
+        it keeps prompt text in memory: off by default, and the router never turns it on.
+        Only a prefix that ends at or before the start of the request's last message is
+        remembered (a stream of unique questions does not fill it). 0 turns it off."""
+        if entries < 0:
+            raise ConfigError(
+                f"remember_parts entries {entries} is negative; give 0 to turn it off"
+            )
+        self._memo = {} if entries else None
+        self._memo_entries = entries
 
     def _start(self, model: str | None, cache_salt: str | None) -> Any:
         """A fresh hash state keyed by the salt, the model and the cache_salt."""
@@ -320,6 +353,17 @@ class PrefixHasher:
             return PrefixKey(
                 chain=(_u64(h.digest())[0],), prefix_chars=n, prompt_chars=total, cuts=(0,)
             )
+        memo = self._memo
+        mk: tuple[Any, ...] | None = None
+        if memo is not None and len(boundaries) > 1 and n <= boundaries[-2]:
+            k, _ = _covering(parts, n)
+            lead = tuple(parts[:k])
+            ct = tuple(cuts)
+            mk = (model, cache_salt, ct, *[p if len(p) <= _SHORT else id(p) for p in lead])
+            hit = memo.pop(mk, None)
+            if hit is not None:
+                memo[mk] = hit  # the most recent last (LRU)
+                return PrefixKey(hit[1], n, total, False, ct)
         text = _leading(parts, n)
         update = h.update
         digest = h.digest
@@ -336,8 +380,13 @@ class PrefixHasher:
                 update(text[last:c].encode("utf-8", "surrogatepass"))
                 out.append(_u64(digest())[0])
                 last = c
+        chain = tuple(out)
+        if mk is not None and memo is not None:
+            memo[mk] = (lead, chain)
+            if len(memo) > self._memo_entries:
+                del memo[next(iter(memo))]
         # Positional: a NamedTuple built with keywords costs twice as much.
-        return PrefixKey(tuple(out), n, total, False, tuple(cuts))
+        return PrefixKey(chain, n, total, False, tuple(cuts))
 
     def hint(self, hint: str, *, prompt_chars: int = 0) -> PrefixKey:
         """The key for a caller-supplied prefix id (``X-Preheat-Prefix-Id``)."""
