@@ -52,6 +52,8 @@ _SEP = "\x1e"  # record separator: cannot be confused with ordinary text boundar
 # ``remember_parts``: parts up to this long are keyed by value (role heads are new
 # strings in every request), longer ones by identity.
 _SHORT = 64
+# key -> (the parts it names, the chain, the cuts)
+_Memo = dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]]
 
 
 class PrefixKey(NamedTuple):
@@ -245,7 +247,7 @@ class PrefixHasher:
         self._seed_cache: dict[str, int] = {}
         self._starts: dict[tuple[str | None, str | None], Any] = {}
         # Opt-in (``remember_parts``): chains of prefixes made of the same string objects.
-        self._memo: dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[int, ...]]] | None = None
+        self._memo: _Memo | None = None
         self._memo_entries = 0
 
     def remember_parts(self, entries: int) -> None:
@@ -347,23 +349,30 @@ class PrefixHasher:
         hash is a ``digest()`` of the running state (hashlib finalises a copy).
         """
         n = min(total, prefix_length)
+        memo = self._memo
+        mk: tuple[Any, ...] | None = None
+        if memo is not None and n > 0 and len(boundaries) > 1 and n <= boundaries[-2]:
+            # The key: everything the chain depends on (the cuts follow from n and the
+            # boundaries before it), long strings by identity (``remember_parts``).
+            below = 0
+            for end in boundaries:
+                if end >= n:
+                    break
+                below += 1
+            k, _ = _covering(parts, n)
+            lead = tuple(parts[:k])
+            mk = (model, cache_salt, n, tuple(boundaries[:below]))
+            mk += tuple([p if len(p) <= _SHORT else id(p) for p in lead])
+            hit = memo.pop(mk, None)
+            if hit is not None:
+                memo[mk] = hit  # the most recent last (LRU)
+                return PrefixKey(hit[1], n, total, False, hit[2])
         cuts = self.cuts(n, boundaries)
         h = self._start(model, cache_salt)
         if not cuts:
             return PrefixKey(
                 chain=(_u64(h.digest())[0],), prefix_chars=n, prompt_chars=total, cuts=(0,)
             )
-        memo = self._memo
-        mk: tuple[Any, ...] | None = None
-        if memo is not None and len(boundaries) > 1 and n <= boundaries[-2]:
-            k, _ = _covering(parts, n)
-            lead = tuple(parts[:k])
-            ct = tuple(cuts)
-            mk = (model, cache_salt, ct, *[p if len(p) <= _SHORT else id(p) for p in lead])
-            hit = memo.pop(mk, None)
-            if hit is not None:
-                memo[mk] = hit  # the most recent last (LRU)
-                return PrefixKey(hit[1], n, total, False, ct)
         text = _leading(parts, n)
         update = h.update
         digest = h.digest
@@ -381,12 +390,13 @@ class PrefixHasher:
                 out.append(_u64(digest())[0])
                 last = c
         chain = tuple(out)
+        ct = tuple(cuts)
         if mk is not None and memo is not None:
-            memo[mk] = (lead, chain)
+            memo[mk] = (lead, chain, ct)
             if len(memo) > self._memo_entries:
                 del memo[next(iter(memo))]
         # Positional: a NamedTuple built with keywords costs twice as much.
-        return PrefixKey(chain, n, total, False, tuple(cuts))
+        return PrefixKey(chain, n, total, False, ct)
 
     def hint(self, hint: str, *, prompt_chars: int = 0) -> PrefixKey:
         """The key for a caller-supplied prefix id (``X-Preheat-Prefix-Id``)."""
