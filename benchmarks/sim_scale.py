@@ -49,9 +49,9 @@ def decision(args: argparse.Namespace) -> dict[str, Any]:
     items, _ = items_for(args.requests, families=200, seed=args.seed)
     out: dict[str, Any] = {}
     for size in (int(s) for s in args.sizes.split(",")):
-        for strategy, placement in (("random", "learned"), ("prefix_aware", "stable"),
-                                    ("prefix_aware", "learned"), ("prefix_aware", "hybrid"),
-                                    ("prefix_aware", "hash")):  # fmt: skip
+        for strategy, placement in (("random", "learned"), ("prefix_aware", "stable-move"),
+                                    ("prefix_aware", "stable"), ("prefix_aware", "learned"),
+                                    ("prefix_aware", "hybrid"), ("prefix_aware", "hash")):  # fmt: skip
             pol = make_policy(
                 strategy, PolicyParams(placement=placement), salt=SALT, rng=random.Random(1)
             )

@@ -218,9 +218,13 @@ def _leading(parts: Sequence[str], n: int) -> str:
         return text if len(text) <= n else text[:n]
     k, start = _covering(parts, n)
     last = parts[k - 1]
-    if start + len(last) > n:
-        last = last[: n - start]
-    return "".join(parts[: k - 1]) + last if k > 1 else last
+    if start + len(last) <= n:
+        return "".join(parts[:k])
+    if k == 1:
+        return last[:n]
+    pieces = list(parts[: k - 1])
+    pieces.append(last[: n - start])
+    return "".join(pieces)
 
 
 class PrefixHasher:
