@@ -51,29 +51,33 @@ def test_remembered_keys_equal_plain_keys_over_a_stream_of_shared_prefixes() -> 
         first, again = _key(memo, body, pl), _key(memo, body, pl)
         assert first == again == _key(plain, body, pl)
         reused += again.chain is first.chain
-    assert 0 < reused < 300  # the 65,536-character prefixes hold the question: not kept
+    assert 0 < reused < 300  # a prefix holding the question is hashed from its start on
 
 
-def test_equal_text_in_new_strings_is_hashed_again_with_the_same_key() -> None:
-    """A body whose system prompt is an equal but new string (the proxy's case) is not a
-    memo hit: its key is computed again and equals the first."""
+def test_equal_text_in_new_strings_gives_the_remembered_key() -> None:
+    """A body whose system prompt is an equal but new string (the proxy's case) finds the
+    remembered key: the memo is keyed by the text, so equal text is the same entry."""
     memo = PrefixHasher(SALT)
     memo.remember_parts(4)
     system = _text(9000, 1)
     a = _key(memo, _body(system, "q1"))
     b = _key(memo, _body("".join(list(system)), "q2"))
     assert a == b
-    assert a.chain is not b.chain
-    assert _key(memo, _body(system, "q3")).chain is a.chain
+    assert b.chain is a.chain
 
 
-def test_a_prefix_that_reaches_the_last_message_is_not_remembered() -> None:
-    """A short system prompt whose question falls inside the prefix is hashed every time."""
-    memo = PrefixHasher(SALT)
-    memo.remember_parts(4)
-    body = _body(_text(500, 2), _text(300, 3))
-    a, b = _key(memo, body), _key(memo, body)
-    assert a == b and a.chain is not b.chain
+def test_prefixes_past_the_last_message_start_equal_plain_keys() -> None:
+    """Short system prompts whose questions fall inside the prefix (only the hash state at
+    the question's start is remembered): 400 keys equal a plain hasher's, ASCII or not."""
+    plain, memo = PrefixHasher(SALT), PrefixHasher(SALT)
+    memo.remember_parts(3)  # fewer than the 4 prompts: entries are evicted and rebuilt
+    rng = random.Random(5)
+    systems = [_text(300 + 1500 * f, 20 + f) for f in range(4)]
+    for i in range(400):
+        question = _text(rng.randrange(1, 3000), 200 + i)
+        body = _body(systems[rng.randrange(4)], question)
+        pl = rng.choice((1024, 4096, 8192))
+        assert _key(memo, body, pl) == _key(plain, body, pl)
 
 
 def test_the_memo_keeps_at_most_its_entries_least_recent_out_first() -> None:

@@ -49,9 +49,6 @@ CHARS_PER_TOKEN = 4
 # Request fields that change the prompt an engine renders (besides messages/prompt).
 _PROMPT_FIELDS = ("tools", "functions", "documents", "chat_template", "chat_template_kwargs")
 _SEP = "\x1e"  # record separator: cannot be confused with ordinary text boundaries
-# ``remember_parts``: parts up to this long are keyed by value (role heads are new
-# strings in every request), longer ones by identity.
-_SHORT = 64
 # key -> (the parts it names, the chain, the cuts)
 _Memo = dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]]
 
@@ -227,6 +224,30 @@ def _leading(parts: Sequence[str], n: int) -> str:
     return "".join(pieces)
 
 
+def _digests(h: Any, text: str, base: int, cuts: Sequence[int]) -> list[int]:
+    """Feed ``text`` (the prefix from character ``base`` on) to ``h`` block by block up to
+    each of ``cuts`` (absolute positions, ascending) and read each block's hash: slices
+    of one encoded memoryview for ASCII text, else each block encoded on its own."""
+    update = h.update
+    digest = h.digest
+    out: list[int] = []
+    last = 0
+    if text.isascii():
+        view = memoryview(text.encode("ascii"))
+        for c in cuts:
+            c -= base
+            update(view[last:c])
+            out.append(_u64(digest())[0])
+            last = c
+    else:
+        for c in cuts:
+            c -= base
+            update(text[last:c].encode("utf-8", "surrogatepass"))
+            out.append(_u64(digest())[0])
+            last = c
+    return out
+
+
 class PrefixHasher:
     """Turns text into keyed chained block hashes; one per deployment secret ``salt``.
 
@@ -250,19 +271,20 @@ class PrefixHasher:
         self._base = base
         self._seed_cache: dict[str, int] = {}
         self._starts: dict[tuple[str | None, str | None], Any] = {}
-        # Opt-in (``remember_parts``): chains of prefixes made of the same string objects.
+        # Opt-in (``remember_parts``): chains of prefixes made of the same strings.
         self._memo: _Memo | None = None
         self._memo_entries = 0
 
     def remember_parts(self, entries: int) -> None:
-        """Remember the chains of up to ``entries`` prefixes, keyed by the identity of their
-        long strings (and the value of the short ones), so a prompt built from the very
-        same string objects as an earlier one is not hashed again (the fleet simulator:
-        a family's shared prefix is one string). The memo holds a reference to every
-        string it keys (that makes identity exact: a live object's id is not reused), so
-        it keeps prompt text in memory: off by default, and the router never turns it on.
-        Only a prefix that ends at or before the start of the request's last message is
-        remembered (a stream of unique questions does not fill it). 0 turns it off."""
+        """Remember the keys of up to ``entries`` prefixes, keyed by the strings they are
+        made of (the memo's dict keys; LRU), so a prompt built from the same strings as
+        an earlier one is not hashed again. Cheap where the strings are the same objects
+        (the fleet simulator: a family's shared prefix is one string, whose hash Python
+        caches); an equal new string is hashed and compared in full, so it is exact but
+        no cheaper than SHA-256. The memo keeps those strings, i.e. prompt text, in
+        memory: off by default, and the router never turns it on. Only a prefix that ends
+        at or before the start of the request's last message is remembered (a stream of
+        unique questions does not fill it). 0 turns it off."""
         if entries < 0:
             raise ConfigError(
                 f"remember_parts entries {entries} is negative; give 0 to turn it off"
@@ -357,7 +379,7 @@ class PrefixHasher:
         mk: tuple[Any, ...] | None = None
         if memo is not None and n > 0 and len(boundaries) > 1 and n <= boundaries[-2]:
             # The key: everything the chain depends on (the cuts follow from n and the
-            # boundaries before it), long strings by identity (``remember_parts``).
+            # boundaries before it), and the strings themselves (``remember_parts``).
             below = 0
             for end in boundaries:
                 if end >= n:
@@ -366,7 +388,7 @@ class PrefixHasher:
             k, _ = _covering(parts, n)
             lead = tuple(parts[:k])
             mk = (model, cache_salt, n, tuple(boundaries[:below]))
-            mk += tuple([p if len(p) <= _SHORT else id(p) for p in lead])
+            mk += lead
             hit = memo.pop(mk, None)
             if hit is not None:
                 memo[mk] = hit  # the most recent last (LRU)
@@ -377,23 +399,7 @@ class PrefixHasher:
             return PrefixKey(
                 chain=(_u64(h.digest())[0],), prefix_chars=n, prompt_chars=total, cuts=(0,)
             )
-        text = _leading(parts, n)
-        update = h.update
-        digest = h.digest
-        out: list[int] = []
-        last = 0
-        if text.isascii():
-            view = memoryview(text.encode("ascii"))
-            for c in cuts:
-                update(view[last:c])
-                out.append(_u64(digest())[0])
-                last = c
-        else:
-            for c in cuts:
-                update(text[last:c].encode("utf-8", "surrogatepass"))
-                out.append(_u64(digest())[0])
-                last = c
-        chain = tuple(out)
+        chain = tuple(_digests(h, _leading(parts, n), 0, cuts))
         ct = tuple(cuts)
         if mk is not None and memo is not None:
             memo[mk] = (lead, chain, ct)
