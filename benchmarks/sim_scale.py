@@ -1,7 +1,7 @@
 """The fleet simulator at scale: decision cost by fleet size, routing at 64 and 512
 instances, and the 1M-request x 128-instance run (CPU seconds of one process).
 
-    .venv/bin/python benchmarks/sim_scale.py decision --sizes 8,64,128,512
+    .venv/bin/python benchmarks/sim_scale.py decision --sizes 8,64,128,512 [--no-remember]
     .venv/bin/python benchmarks/sim_scale.py table --sizes 64,512
     .venv/bin/python benchmarks/sim_scale.py million --requests 1000000 --instances 128
     .venv/bin/python benchmarks/sim_scale.py million --requests 1000000 --compiled
@@ -31,7 +31,7 @@ from typing import Any
 
 from preheat.bench.workloads import aws_8k
 from preheat.router.policies import Instance, PolicyParams, RouteRequest, make_policy
-from preheat.sim.routing import RoutingConfig, SimItem, simulate_routing
+from preheat.sim.routing import SHARED_PREFIX_KEYS, RoutingConfig, SimItem, simulate_routing
 from preheat.timing import get_profile
 
 SALT = b"preheat-sim-scale-benchmark-salt"
@@ -49,11 +49,15 @@ def decision(args: argparse.Namespace) -> dict[str, Any]:
     items, _ = items_for(args.requests, families=200, seed=args.seed)
     out: dict[str, Any] = {}
     for size in (int(s) for s in args.sizes.split(",")):
-        for strategy, placement in (("random", "learned"), ("prefix_aware", "learned"),
+        for strategy, placement in (("random", "learned"), ("prefix_aware", "stable-move"),
+                                    ("prefix_aware", "stable"), ("prefix_aware", "learned"),
                                     ("prefix_aware", "hybrid"), ("prefix_aware", "hash")):  # fmt: skip
             pol = make_policy(
                 strategy, PolicyParams(placement=placement), salt=SALT, rng=random.Random(1)
             )
+            hasher = getattr(pol, "hasher", None)
+            if hasher is not None and not args.no_remember:  # as simulate_routing does
+                hasher.remember_parts(SHARED_PREFIX_KEYS)
             inst = [Instance(f"http://10.0.{j // 250}.{j % 250}:8000") for j in range(size)]
             rng = random.Random(2)
             for i in inst:  # a loaded fleet: 0-7 requests in flight each
@@ -186,6 +190,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--compiled", action="store_true", help="run on the mypyc-compiled copy")
     ap.add_argument("--pypy", action="store_true", help="run under pypy3 (benchmarks/pypy.py)")
+    ap.add_argument(
+        "--no-remember",
+        action="store_true",
+        help="decision: hash every prompt (the proxy's way) instead of reusing shared prefixes",
+    )
     args = ap.parse_args()
     if args.pypy and args.compiled:
         raise SystemExit("--pypy and --compiled exclude each other")

@@ -2,10 +2,10 @@
 
 The router never keeps prompt text. A request becomes
 
-* its **canonical text**: what the engine would see at the front of its prompt, in order:
-  the fields that change the rendered prompt (tools, chat template, documents), then the
-  role-tagged messages (or the completion prompt). Only the first ``prefix_length``
-  characters count (SageMaker's ``PrefixLength``).
+* its **canonical text** (router/prefix_text.py): what the engine would see at the front
+  of its prompt, in order: the fields that change the rendered prompt (tools, chat
+  template, documents), then the role-tagged messages (or the completion prompt). Only
+  the first ``prefix_length`` characters count (SageMaker's ``PrefixLength``).
 * a **chain** of 64-bit block hashes: the text is cut into blocks of ``block_chars``
   characters and block *i*'s hash is a keyed hash of *all text up to the end of block i*
   (so equal hashes mean equal prefixes, exactly like the engine's chained KV block
@@ -27,12 +27,30 @@ tenants never share keys (vLLM's cache_salt isolates their KV too).
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from preheat.errors import ConfigError
+from preheat.router.prefix_text import _SEP, canonical, canonical_parts, canonical_text
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "DEFAULT_BLOCK_CHARS",
+    "MASK64",
+    "MAX_PREFIX_LENGTH",
+    "MIN_CUT",
+    "MIN_PREFIX_LENGTH",
+    "SCORE_MULTIPLIER",
+    "PrefixHasher",
+    "PrefixKey",
+    "canonical",
+    "canonical_parts",
+    "canonical_text",
+    "check_prefix_length",
+    "rank",
+    "score",
+]
 
 MASK64 = (1 << 64) - 1
 # The first 8 digest bytes as a little-endian integer (int.from_bytes(d[:8], "little")).
@@ -46,9 +64,8 @@ MIN_CUT = 256
 # Rough characters per token, used only to *predict* cached tokens for the decision log.
 CHARS_PER_TOKEN = 4
 
-# Request fields that change the prompt an engine renders (besides messages/prompt).
-_PROMPT_FIELDS = ("tools", "functions", "documents", "chat_template", "chat_template_kwargs")
-_SEP = "\x1e"  # record separator: cannot be confused with ordinary text boundaries
+# key -> (the parts it names, the chain, the cuts)
+_Memo = dict[tuple[Any, ...], tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]]
 
 
 class PrefixKey(NamedTuple):
@@ -69,104 +86,6 @@ class PrefixKey(NamedTuple):
     @property
     def key(self) -> int:
         return self.chain[-1]
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping):
-                kind = part.get("type")
-                if kind == "text":
-                    parts.append(str(part.get("text", "")))
-                elif kind == "image_url":
-                    url = part.get("image_url")
-                    url = url.get("url", "") if isinstance(url, Mapping) else url
-                    parts.append(f"{_SEP}image:{url}")
-                else:
-                    parts.append(_SEP + json.dumps(part, sort_keys=True, separators=(",", ":")))
-            else:
-                parts.append(str(part))
-        return "".join(parts)
-    return json.dumps(content, sort_keys=True, separators=(",", ":"))
-
-
-def canonical_text(body: Mapping[str, Any]) -> str:
-    """The canonical prompt text of an OpenAI request body (see ``canonical``)."""
-    return canonical(body)[0]
-
-
-def canonical(body: Mapping[str, Any]) -> tuple[str, list[int]]:
-    """The canonical prompt text of an OpenAI completions or chat-completions body.
-
-    Chat: prompt-changing fields (tools, chat template, ...) first, then every message as
-    ``<sep>role[:name]<sep>content`` (tool calls included), then whether a generation
-    prompt is added. Completions: the ``prompt`` string (the first of a batch; token ids
-    are written as decimal numbers). Returns the text and the offsets where each message
-    ends. Raises ``ConfigError`` for a body with neither.
-    """
-    parts, ends, _ = canonical_parts(body)
-    return "".join(parts), ends
-
-
-def canonical_parts(body: Mapping[str, Any]) -> tuple[list[str], list[int], int]:
-    """``canonical`` without joining: the pieces of the text in order, the message ends
-    and the total length. The pieces are the body's own strings (a 32,000-character
-    message is not copied), which ``PrefixHasher.chain_parts`` hashes as if joined."""
-    out: list[str] = []
-    ends: list[int] = []
-    size = 0
-    for field in _PROMPT_FIELDS:
-        value = body.get(field)
-        if value is not None:
-            dumped = json.dumps(value, sort_keys=True, separators=(",", ":"))
-            out.append(f"{_SEP}{field}{_SEP}{dumped}")
-            size += len(out[-1])
-    if out:
-        ends.append(size)
-    messages = body.get("messages")
-    if messages is not None:
-        if not isinstance(messages, list):
-            raise ConfigError("'messages' must be a list of {role, content} objects")
-        for m in messages:
-            if not isinstance(m, Mapping):
-                raise ConfigError("each entry of 'messages' must be an object with a 'role'")
-            role = str(m.get("role", ""))
-            name = m.get("name")
-            head = f"{_SEP}{role}:{name}{_SEP}" if name else f"{_SEP}{role}{_SEP}"
-            content = m.get("content")
-            text = content if isinstance(content, str) else _content_text(content)
-            out.append(head)
-            out.append(text)
-            size += len(head) + len(text)
-            calls = m.get("tool_calls")
-            if calls:
-                out.append(_SEP + json.dumps(calls, sort_keys=True, separators=(",", ":")))
-                size += len(out[-1])
-            ends.append(size)
-        if body.get("add_generation_prompt", True) is False:
-            out.append(f"{_SEP}no_generation_prompt")
-            size += len(out[-1])
-        return out, ends, size
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise ConfigError("the request has neither 'messages' nor 'prompt'; nothing to route on")
-    if isinstance(prompt, list):
-        first = prompt[0] if prompt else ""
-        if isinstance(first, int):  # a single prompt given as token ids
-            prompt = ",".join(str(t) for t in prompt)
-        elif isinstance(first, list):  # a batch of token-id prompts
-            prompt = ",".join(str(t) for t in first)
-        else:
-            prompt = str(first)
-    elif not isinstance(prompt, str):
-        prompt = str(prompt)
-    out.append(prompt)
-    return out, ends, len(prompt)
 
 
 def check_prefix_length(value: int, *, where: str = "prefix_length") -> int:
@@ -192,19 +111,58 @@ def score(key: int, seed: int) -> int:
     return ((key ^ seed) * SCORE_MULTIPLIER) & MASK64
 
 
+def _covering(parts: Sequence[str], n: int) -> tuple[int, int]:
+    """How many leading parts hold the first ``n`` characters of ``"".join(parts)``, and
+    the length of those parts but the last (where the last one starts)."""
+    size = 0
+    k = 0
+    for k, part in enumerate(parts, 1):
+        m = size + len(part)
+        if m >= n:
+            return k, size
+        size = m
+    return k, size
+
+
 def _leading(parts: Sequence[str], n: int) -> str:
-    """The first ``n`` characters of ``"".join(parts)``, joining only the parts needed."""
+    """The first ``n`` characters of ``"".join(parts)``, joining only the parts needed
+    (the last of them cut, so a long message is not copied whole first)."""
     if len(parts) == 1:
         text = parts[0]
         return text if len(text) <= n else text[:n]
-    size = 0
-    k = 0
-    for k, part in enumerate(parts, 1):  # noqa: B007 (k is read after the loop)
-        size += len(part)
-        if size >= n:
-            break
-    text = "".join(parts[:k])
-    return text if size <= n else text[:n]
+    k, start = _covering(parts, n)
+    last = parts[k - 1]
+    if start + len(last) <= n:
+        return "".join(parts[:k])
+    if k == 1:
+        return last[:n]
+    pieces = list(parts[: k - 1])
+    pieces.append(last[: n - start])
+    return "".join(pieces)
+
+
+def _digests(h: Any, text: str, base: int, cuts: Sequence[int]) -> list[int]:
+    """Feed ``text`` (the prefix from character ``base`` on) to ``h`` block by block up to
+    each of ``cuts`` (absolute positions, ascending) and read each block's hash: slices
+    of one encoded memoryview for ASCII text, else each block encoded on its own."""
+    update = h.update
+    digest = h.digest
+    out: list[int] = []
+    last = 0
+    if text.isascii():
+        view = memoryview(text.encode("ascii"))
+        for c in cuts:
+            c -= base
+            update(view[last:c])
+            out.append(_u64(digest())[0])
+            last = c
+    else:
+        for c in cuts:
+            c -= base
+            update(text[last:c].encode("utf-8", "surrogatepass"))
+            out.append(_u64(digest())[0])
+            last = c
+    return out
 
 
 class PrefixHasher:
@@ -230,6 +188,26 @@ class PrefixHasher:
         self._base = base
         self._seed_cache: dict[str, int] = {}
         self._starts: dict[tuple[str | None, str | None], Any] = {}
+        # Opt-in (``remember_parts``): chains of prefixes made of the same strings.
+        self._memo: _Memo | None = None
+        self._memo_entries = 0
+
+    def remember_parts(self, entries: int) -> None:
+        """Remember the keys of up to ``entries`` prefixes, keyed by the strings they are
+        made of (the memo's dict keys; LRU), so a prompt built from the same strings as
+        an earlier one is not hashed again. Cheap where the strings are the same objects
+        (the fleet simulator: a family's shared prefix is one string, whose hash Python
+        caches); an equal new string is hashed and compared in full, so it is exact but
+        no cheaper than SHA-256. The memo keeps those strings, i.e. prompt text, in
+        memory: off by default, and the router never turns it on. Only a prefix that ends
+        at or before the start of the request's last message is remembered (a stream of
+        unique questions does not fill it). 0 turns it off."""
+        if entries < 0:
+            raise ConfigError(
+                f"remember_parts entries {entries} is negative; give 0 to turn it off"
+            )
+        self._memo = {} if entries else None
+        self._memo_entries = entries
 
     def _start(self, model: str | None, cache_salt: str | None) -> Any:
         """A fresh hash state keyed by the salt, the model and the cache_salt."""
@@ -314,30 +292,38 @@ class PrefixHasher:
         hash is a ``digest()`` of the running state (hashlib finalises a copy).
         """
         n = min(total, prefix_length)
+        memo = self._memo
+        mk: tuple[Any, ...] | None = None
+        if memo is not None and n > 0 and len(boundaries) > 1 and n <= boundaries[-2]:
+            # The key: everything the chain depends on (the cuts follow from n and the
+            # boundaries before it), and the strings themselves (``remember_parts``).
+            below = 0
+            for end in boundaries:
+                if end >= n:
+                    break
+                below += 1
+            k, _ = _covering(parts, n)
+            lead = tuple(parts[:k])
+            mk = (model, cache_salt, n, tuple(boundaries[:below]))
+            mk += lead
+            hit = memo.pop(mk, None)
+            if hit is not None:
+                memo[mk] = hit  # the most recent last (LRU)
+                return PrefixKey(hit[1], n, total, False, hit[2])
         cuts = self.cuts(n, boundaries)
         h = self._start(model, cache_salt)
         if not cuts:
             return PrefixKey(
                 chain=(_u64(h.digest())[0],), prefix_chars=n, prompt_chars=total, cuts=(0,)
             )
-        text = _leading(parts, n)
-        update = h.update
-        digest = h.digest
-        out: list[int] = []
-        last = 0
-        if text.isascii():
-            view = memoryview(text.encode("ascii"))
-            for c in cuts:
-                update(view[last:c])
-                out.append(_u64(digest())[0])
-                last = c
-        else:
-            for c in cuts:
-                update(text[last:c].encode("utf-8", "surrogatepass"))
-                out.append(_u64(digest())[0])
-                last = c
+        chain = tuple(_digests(h, _leading(parts, n), 0, cuts))
+        ct = tuple(cuts)
+        if mk is not None and memo is not None:
+            memo[mk] = (lead, chain, ct)
+            if len(memo) > self._memo_entries:
+                del memo[next(iter(memo))]
         # Positional: a NamedTuple built with keywords costs twice as much.
-        return PrefixKey(tuple(out), n, total, False, tuple(cuts))
+        return PrefixKey(chain, n, total, False, ct)
 
     def hint(self, hint: str, *, prompt_chars: int = 0) -> PrefixKey:
         """The key for a caller-supplied prefix id (``X-Preheat-Prefix-Id``)."""

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["RoutingConfig", "RoutingResult", "SimItem", "simulate_routing"]
 
 _ARRIVAL = -1
+# Prefix keys the policy's hasher remembers by string identity (router/prefix.py
+# ``remember_parts``): more than the 4,096 families of the 1M-request run.
+SHARED_PREFIX_KEYS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,9 @@ def simulate_routing(
     n = config.instances
     ids = config.ids or tuple(f"sim-{j}" for j in range(n))
     policy = make_policy(config.policy, config.params, salt=config.salt, rng=policy_rng)
+    hasher = getattr(policy, "hasher", None)
+    if hasher is not None:  # the items hold every prompt anyway: reuse shared prefixes' keys
+        hasher.remember_parts(SHARED_PREFIX_KEYS)
     engines = [SimEngine(j, profile, kv_blocks=config.kv_blocks) for j in range(n)]
     instances = [Instance(x) for x in ids]
     index = {x: j for j, x in enumerate(ids)}

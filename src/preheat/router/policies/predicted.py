@@ -226,6 +226,9 @@ class PredictedPlacement:
         self.queued[instance_id] = self.queued.get(instance_id, 0) + uncached
         if pk.hinted:
             self.index.record(pk.chain, instance_id, [max(pk.prompt_chars // CHARS_PER_TOKEN, 1)])
+        elif self.index.capacity(instance_id) is None:
+            # Block sizes weigh only against a known capacity (kvindex.py): none to count.
+            self.index.record(pk.chain, instance_id)
         else:
             sizes, tail = block_tokens(pk, body)
             self.index.record(pk.chain, instance_id, sizes, tail)

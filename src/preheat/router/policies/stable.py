@@ -190,7 +190,8 @@ class StablePlacement:
         n = len(ids)
         hot = self.traffic.hot
         chain = pk.chain
-        members = list(range(n))
+        # Every instance (a range: most decisions narrow it at once, so no list is built).
+        members: list[int] | range = range(n)
         # The members as a set once a hot block has narrowed them (None: every instance).
         mset: set[int] | None = None
         decider = chain[0]
@@ -233,11 +234,14 @@ class StablePlacement:
                 if mset is not None:
                     held = [j for j in held if j in mset]
                 if not held:
-                    members = [self._best(h, seeds, members, weights(members if mset else None))]
+                    w0 = weights(members if mset else None)
+                    members = [self._best(h, seeds, list(members), w0)]
                     break
                 j0 = max(held, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
                 if self.move is not None:
-                    j0 = self.move.home(self.traffic, self.load, h, j0, members, ids, pos, seeds)
+                    j0 = self.move.home(
+                        self.traffic, self.load, h, j0, list(members), ids, pos, seeds
+                    )
                 if not split:
                     members = [j0]
                     break
@@ -306,7 +310,7 @@ class StablePlacement:
                     for j, wj in zip(members, w, strict=True)
                 ]
             at = dict(zip(members, sc, strict=True))
-            members.sort(key=at.__getitem__, reverse=True)
+            members = sorted(members, key=at.__getitem__, reverse=True)
         pick = members[0]
         if loads[pick] < threshold:
             depth = self._depth(ids[pick], pk, precise)

@@ -35,8 +35,9 @@ Thresholds:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any
 
 from preheat.router.prefix import PrefixKey
@@ -175,11 +176,15 @@ class BlockTraffic:
 
     def memberships(self, pos: Mapping[str, int], n: int, skip: int) -> list[int]:
         """How many hot sets smaller than the fleet each instance is a member of."""
+        # Counted by id in C (Counter over the sets' tuples), then the skipped set taken
+        # out: the same integers as counting set by set, without a Python step per member.
+        counts = Counter(chain.from_iterable([e[1] for e in self.hot.values() if e[0] < n]))
+        e = self.hot.get(skip)
+        if e is not None and e[0] < n:
+            counts.subtract(e[1])
         busy = [0] * n
-        for b, e in self.hot.items():
-            if b != skip and e[0] < n:
-                for x in e[1]:
-                    j = pos.get(x)
-                    if j is not None:
-                        busy[j] += 1
+        for x, c in counts.items():
+            j = pos.get(x)
+            if j is not None:
+                busy[j] += c
         return busy
