@@ -73,9 +73,33 @@ def test_a_release_rolls_every_replica_as_new_version_starts(tmp_path: Path) -> 
     live = [(r.revision, r.phase) for r in res.world.replicas.values()]
     assert live == [("rev-m@1", "ready"), ("rev-m@1", "ready")]
     assert _run(tmp_path, "lru").summary == out
+    # The rollout's duration runs from the release past the last new replica's readiness
+    # (then the last old one drains), and no rollout is left unfinished.
+    last_ready = max(r.scheduled + r.ready_seconds for r in nv) - RELEASE_AT
+    took = out["rollout_s"]
+    assert took["n"] == 1 and last_ready <= took["max_s"] < 2 * last_ready, took
+    assert out["rollouts_unfinished"] == 0
     # No release, no new_version starts and no rollout.
     plain = _run(tmp_path, "lru", release=False).summary
     assert "new_version" not in plain["classes"] and plain["rollouts_finished"] == 0
+    assert plain["rollout_s"]["n"] == 0 and plain["rollouts_unfinished"] == 0
+
+
+def test_a_release_overtaken_by_the_next_counts_as_an_unfinished_rollout(
+    tmp_path: Path,
+) -> None:
+    """A second release 60 s after the first (the first rollout takes minutes) supersedes
+    it: only the second rollout finishes and is timed, the first is reported unfinished."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(json.dumps({"t": 0, "model": "m", "in_flight": 32}) + "\n")
+    cat = catalog_from_dict(_catalog(releases=[{"at": "1h"}, {"at": "3660s"}]))
+    setup, rng = prepare(
+        models=cat, nodes=4, nvme="1TB", policy="lru", trace=trace,
+        origin_bandwidth="2GB/s", duration="3h", seed=1,
+    )  # fmt: skip
+    out = simulate(setup, rng).summary
+    assert out["releases"] == 2 and out["rollouts_finished"] == 1
+    assert out["rollout_s"]["n"] == 1 and out["rollouts_unfinished"] == 1
 
 
 def test_warm_all_warms_the_new_revision_before_the_rollout_and_misses_less(
@@ -91,6 +115,9 @@ def test_warm_all_warms_the_new_revision_before_the_rollout_and_misses_less(
     nv = _new_version(res)
     assert len(nv) == 2 and {r.weights_source for r in nv} == {"cache"}
     assert min(r.scheduled for r in nv) >= RELEASE_AT + 4 * 50
+    # The gate makes the rollout longer than without a cache (it waits for the warm-ups),
+    # while every one of its starts is a hit.
+    assert out["rollout_s"]["max_s"] > _run(tmp_path, "none").summary["rollout_s"]["max_s"]
     assert out["warmups"] == 2 * 4  # each revision on every node
     assert out["classes"]["new_version"]["miss_share"] < none["miss_share"] == 1.0
     peers = _run(tmp_path, "warm-all", peers=True).summary

@@ -182,7 +182,9 @@ def coldstart(
     )
     if out["releases"]:
         click.echo(
-            f"releases {out['releases']}: rollouts finished {out['rollouts_finished']}, "
+            f"releases {out['releases']}: rollouts finished {out['rollouts_finished']} "
+            f"(release to finish p50 {out['rollout_s']['p50_s']:.0f} s, max "
+            f"{out['rollout_s']['max_s']:.0f} s; unfinished {out['rollouts_unfinished']}), "
             f"superseded copies deleted {out['revisions_deleted']}, "
             f"{format_size(out['superseded_bytes_at_end'])} of them still on disk at the end"
         )

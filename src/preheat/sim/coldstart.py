@@ -350,7 +350,9 @@ class _Sim:
         elif kind == "release":
             assert isinstance(payload, tuple)
             model, k = payload
-            self.w.models[str(model)].release = int(k)  # the spec names a new revision
+            ms = self.w.models[str(model)]
+            ms.release = int(k)  # the spec names a new revision
+            self.w.released_at[ms.revision] = self.agenda.now
             self.releases += 1
             self.w.dirty.add(str(model))
 

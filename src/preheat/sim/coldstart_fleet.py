@@ -74,6 +74,10 @@ class FleetState:
         #: Superseded revisions the planner deleted from a node (``DeleteRevision``).
         self.deleted: list[tuple[float, str, str]] = []
         self.rollouts_finished = 0
+        #: When each released revision's rollout began (popped when it finishes), and how
+        #: long each finished rollout took, release to ``FinishRollout``.
+        self.released_at: dict[str, float] = {}
+        self.rollout_seconds: dict[str, float] = {}
         self._first_response = {
             m.name: get_profile(m.profile).prefill_time(catalog.startup.first_prompt_tokens)
             for m in catalog.models

@@ -17,7 +17,11 @@ Version changes (``releases`` in the models file): ``releases`` made, rollouts t
 finished (``FinishRollout`` from a previous revision), superseded revisions the planner
 deleted from a node once no replica used them (``revisions_deleted``), and the bytes of
 superseded revisions still on the disks at the end (``superseded_bytes_at_end``); their
-starts are the ``new_version`` class.
+starts are the ``new_version`` class. ``rollout_s`` is how long each finished rollout
+took, from its release to ``FinishRollout`` (the new revision serves every wanted replica
+and the old one is drained): n, p50, p95, max, and each revision's in
+``rollout_s_by_revision``; ``rollouts_unfinished`` counts releases
+whose rollout had not finished at the end or was overtaken by a later release.
 
 Queueing (``queue``, from ``coldstart_queue``): requests that arrived, waited, were
 dropped at the bound or still wait at the end; the wait p50/p99/max is over every
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from preheat.sim.coldstart_flows import kind
 from preheat.sim.coldstart_queue import summarize_queues
-from preheat.telemetry.stats import summarize_classes
+from preheat.telemetry.stats import percentile, summarize_classes
 
 if TYPE_CHECKING:
     from preheat.sim.coldstart_setup import ColdStartSetup
@@ -47,6 +51,18 @@ class ColdStartResult:
 
     def to_dict(self) -> dict[str, Any]:
         return self.summary
+
+
+def _spread(values: list[float]) -> dict[str, float | int]:
+    """n, p50, p95 and max of ``values`` (zeros for none), rounded to ms."""
+    if not values:
+        return {"n": 0, "p50_s": 0.0, "p95_s": 0.0, "max_s": 0.0}
+    return {
+        "n": len(values),
+        "p50_s": round(percentile(values, 50.0), 3),
+        "p95_s": round(percentile(values, 95.0), 3),
+        "max_s": round(max(values), 3),
+    }
 
 
 def summarize(
@@ -139,6 +155,9 @@ def summarize(
         "interruptions": interruptions,
         "releases": releases,
         "rollouts_finished": world.rollouts_finished,
+        "rollout_s": _spread(list(world.rollout_seconds.values())),
+        "rollout_s_by_revision": {k: round(v, 3) for k, v in world.rollout_seconds.items()},
+        "rollouts_unfinished": len(world.released_at),
         "revisions_deleted": len(world.deleted),
         "superseded_bytes_at_end": superseded,
         "demand": ledger,

@@ -69,6 +69,9 @@ class World(Lifecycle):
             ms.status = dataclasses.replace(ms.status, stable=a.revision)
             if a.previous is not None:  # its predecessor is no longer kept for a rollback
                 self.rollouts_finished += 1
+                began = self.released_at.pop(a.revision, None)
+                if began is not None:
+                    self.rollout_seconds[a.revision] = self.agenda.now - began
                 self.dirty.add(a.variant)
         elif isinstance(a, Rollback):
             ms = self.models[a.variant]
