@@ -27,7 +27,7 @@ What the front gets right (tests/integration/test_router_front.py):
   before the body is read), anything llhttp cannot parse (bad framing, both
   ``Content-Length`` and chunked, bad characters) -> 400; each in the OpenAI error
   format with ``Connection: close``, after which the connection reads and discards for
-  ``LINGER_S`` so the client sees the answer rather than a reset;
+  ``front_sink.LINGER_S`` so the client sees the answer rather than a reset;
 * streams (SSE) are passed on as chunked transfer coding, one chunk per piece the
   instance sent, written at once; a slow client applies backpressure (``write`` waits
   while the transport is over its high-water mark);
@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING
 import httptools
 
 from preheat.router import http1
+from preheat.router.front_sink import FrontRequest, FrontSink, Reject
 from preheat.router.state import VARIANT_HEADER
-from preheat.router.upstream_errors import UpstreamError
 from preheat.router.wire import HINT_HEADER, HOP, Incoming, error_body, too_large_message
 
 if TYPE_CHECKING:
@@ -66,7 +66,6 @@ MAX_PIPELINED = 16
 #: Body bytes of pipelined requests waiting their turn before reading pauses.
 MAX_QUEUED_BYTES = 1 << 20
 IDLE_S = 75.0
-LINGER_S = 2.0
 _SWEEP_S = 5.0
 PROXY_PATHS = {
     b"/v1/completions": "/v1/completions",
@@ -80,31 +79,6 @@ _RELAY_HOP = frozenset(
     {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te"}
     | {b"upgrade", b"expect"}
 )
-
-
-class _Reject(Exception):
-    """A request refused while it is parsed (status, message)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class _Request:
-    """One parsed request: either for the proxy (``incoming``) or for the relay."""
-
-    __slots__ = ("body", "head", "host", "http10", "incoming", "keep_alive", "method", "relay")
-
-    def __init__(self) -> None:
-        self.method = b""
-        self.body = b""
-        self.head = False
-        self.host = b""
-        self.http10 = False
-        self.keep_alive = True
-        self.incoming: Incoming | None = None
-        self.relay = b""  # target and headers for the aiohttp application
 
 
 class Front:
@@ -155,16 +129,16 @@ class Front:
         m.child(m.rejected, str(status)).inc()
 
 
-class FrontProtocol(asyncio.Protocol):
+class FrontProtocol(FrontSink, asyncio.Protocol):
     """One client connection: parse, queue, answer in order (also the proxy's ``Sink``)."""
 
     def __init__(self, front: Front) -> None:
         self.front = front
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.queue: deque[_Request | _Reject] = deque()
+        self.queue: deque[FrontRequest | Reject] = deque()
         self.task: asyncio.Task[None] | None = None
-        self.cur = _Request()  # the request being answered
+        self.cur = FrontRequest()  # the request being answered
         self._parsing = self.cur  # the request being parsed (ahead of cur when pipelined)
         self.closed = False
         self.seen = front.tick
@@ -174,7 +148,7 @@ class FrontProtocol(asyncio.Protocol):
         self._head_bytes = 0
         self._body_bytes = 0
         self._limit = front.state.config.max_body_bytes
-        self._reject: _Reject | None = None
+        self._reject: Reject | None = None
         self._discard = False
         self._read_paused = False
         self._queued_bytes = 0
@@ -199,7 +173,7 @@ class FrontProtocol(asyncio.Protocol):
             # No route upgrades: answer what was parsed, then close.
             self._stop_parsing()
         except httptools.HttpParserError as exc:
-            r = self._reject or _Reject(400, f"malformed HTTP request: {exc}")
+            r = self._reject or Reject(400, f"malformed HTTP request: {exc}")
             self._reject = None
             self.queue.append(r)
             self._stop_parsing()
@@ -249,14 +223,14 @@ class FrontProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > http1.MAX_LINE:
-            self._reject = _Reject(414, f"the request target is over {http1.MAX_LINE} bytes")
+            self._reject = Reject(414, f"the request target is over {http1.MAX_LINE} bytes")
             raise self._reject
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value) + 4
         self._headers.append((name, value))
         if len(self._headers) > http1.MAX_HEADERS or self._head_bytes > http1.MAX_HEAD_BYTES:
-            self._reject = _Reject(
+            self._reject = Reject(
                 431,
                 f"the request has over {http1.MAX_HEADERS} headers or "
                 f"{http1.MAX_HEAD_BYTES} bytes of them",
@@ -265,7 +239,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         p = self.parser
-        req = _Request()
+        req = FrontRequest()
         req.method = method = p.get_method()
         req.head = method == b"HEAD"
         req.http10 = p.get_http_version() == "1.0"
@@ -279,10 +253,10 @@ class FrontProtocol(asyncio.Protocol):
             low = name.lower()
             if low == b"content-length":
                 if not value.isdigit():
-                    self._reject = _Reject(400, "Content-Length is not a number")
+                    self._reject = Reject(400, "Content-Length is not a number")
                     raise self._reject
                 if int(value) > self._limit:
-                    self._reject = _Reject(413, too_large_message(self._limit))
+                    self._reject = Reject(413, too_large_message(self._limit))
                     raise self._reject
             elif low == b"expect":
                 expect = value.lower() == b"100-continue"
@@ -312,7 +286,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         if self._body_bytes > self._limit:
-            self._reject = _Reject(413, too_large_message(self._limit))
+            self._reject = Reject(413, too_large_message(self._limit))
             raise self._reject
         self._parts.append(body)
 
@@ -344,7 +318,7 @@ class FrontProtocol(asyncio.Protocol):
         try:
             while self.queue and not self.closed:
                 req = self.queue.popleft()
-                if isinstance(req, _Request):
+                if isinstance(req, FrontRequest):
                     self._queued_bytes -= len(req.body)
                 if (
                     self._read_paused
@@ -354,7 +328,7 @@ class FrontProtocol(asyncio.Protocol):
                     self._read_paused = False
                     assert self.transport is not None
                     self.transport.resume_reading()
-                if isinstance(req, _Reject):
+                if isinstance(req, Reject):
                     self._refuse(req)
                     return
                 self.cur = req
@@ -383,118 +357,3 @@ class FrontProtocol(asyncio.Protocol):
             self.close()
         finally:
             self.task = None
-
-    def _refuse(self, r: _Reject) -> None:
-        """Answer a request refused while parsing, then linger and close."""
-        self.front.reject_count(r.status)
-        hdrs = {"Content-Type": "application/json; charset=utf-8"}
-        body = error_body(r.status, r.message, "invalid_request_error")
-        t = self.transport
-        if t is None or self.closed:
-            return
-        t.write(http1.head(r.status, hdrs, length=len(body), keep_alive=False) + body)
-        self._discard = True
-        if t.can_write_eof():
-            t.write_eof()
-        self._linger = self.front.loop.call_later(LINGER_S, self.close)
-
-    # --- Sink -----------------------------------------------------------------------------
-
-    def reply(self, status: int, headers: dict[str, str], body: bytes, passed: str = "") -> None:
-        req = self.cur
-        self._answered = True
-        t = self.transport
-        if t is None or self.closed:
-            return
-        h = http1.head(
-            status,
-            headers,
-            length=len(body),
-            keep_alive=req.keep_alive,
-            http10=req.http10,
-            passed=passed,
-        )
-        t.write(h if req.head else h + body)
-
-    async def start(self, status: int, headers: dict[str, str], passed: str = "") -> None:
-        req = self.cur
-        self._answered = True
-        if req.http10:
-            req.keep_alive = False  # the body ends with the connection
-        t = self.transport
-        if t is None or self.closed:
-            raise ConnectionResetError("the client closed the connection")
-        t.write(
-            http1.head(
-                status,
-                headers,
-                length=None,
-                keep_alive=req.keep_alive,
-                http10=req.http10,
-                passed=passed,
-            )
-        )
-
-    async def write(self, chunk: bytes) -> None:
-        t = self.transport
-        if t is None or self.closed:
-            raise ConnectionResetError("the client closed the connection")
-        if not chunk or self.cur.head:
-            return
-        t.write(chunk if self.cur.http10 else http1.chunk(chunk))
-        if self._write_paused:
-            d = self._drain = self.front.loop.create_future()
-            try:
-                await d
-            finally:
-                self._drain = None
-
-    async def end(self) -> None:
-        t = self.transport
-        if t is not None and not self.closed and not self.cur.http10 and not self.cur.head:
-            t.write(http1.LAST_CHUNK)
-
-    # --- the relay to the aiohttp application ---------------------------------------------
-
-    async def _relay(self, req: _Request) -> None:
-        target, _, headers = req.relay.partition(b"\x00")
-        front = self.front
-        try:
-            resp = await front.pool.request(
-                front.fallback,
-                req.method,
-                target.decode("utf-8", "surrogateescape"),
-                req.body,
-                headers,
-                host=req.host or b"localhost",
-            )
-        except (UpstreamError, TimeoutError) as exc:
-            log.error("the router's own application did not answer: %r", exc)
-            body = error_body(502, "the router failed to answer this request", "router_error")
-            self.reply(502, {"Content-Type": "application/json; charset=utf-8"}, body)
-            return
-        async with resp:
-            passed = resp.passed  # every header of the application's answer, repeats kept
-            length = resp.length
-            if req.head:  # the length of the body a GET would get, and no body
-                cl = resp.headers.get("content-length", "0")
-                t = self.transport
-                if t is not None and not self.closed:
-                    t.write(
-                        http1.head(
-                            resp.status,
-                            {},
-                            length=int(cl) if cl.isdigit() else 0,
-                            keep_alive=req.keep_alive,
-                            http10=req.http10,
-                            passed=passed,
-                        )
-                    )
-                return
-            if length is not None:
-                self.reply(resp.status, {}, await resp.read(), passed)
-                return
-            await self.start(resp.status, {}, passed)
-            async for piece in resp.iter_any():
-                await self.write(piece)
-            await self.end()
