@@ -30,3 +30,18 @@ def test_a_missing_directory_is_an_empty_store(tmp_path: Path) -> None:
     """A ``snapshots/`` not there (yet) lists nothing and raises nothing."""
     watch = SnapshotWatch(tmp_path / "absent" / "snapshots")
     assert [watch.changed(), watch.changed()] == [False, False]
+
+
+def test_a_look_compares_with_what_the_last_reconcile_read(tmp_path: Path) -> None:
+    """A copy published and then evicted between two looks is a change when a reconcile
+    (``record``) read the store in between: the status that pass wrote lists the copy.
+    (Compared with the previous look only, the two looks saw the same empty directory.)"""
+    generate_model(tmp_path / "m", 200_000, shards=1, seed=4)
+    store = NodeStore(tmp_path / "store", fsync=False)
+    watch = SnapshotWatch(store.layout.snapshots)
+    watch.record()  # a reconcile of the empty store
+    assert watch.changed() is False
+    store.pull(f"file://{tmp_path / 'm'}")
+    watch.record()  # the reconcile the agent's own warm-up woke: it lists the copy
+    NodeStore(tmp_path / "store", fsync=False).delete(store.snapshots()[0].digest)
+    assert [watch.changed(), watch.changed(), watch.changed()] == [True, True, False]

@@ -337,9 +337,9 @@ class NodeAgent:
             self._start_watches()
             if ready is not None:
                 ready(f"http://{self.cfg.host}:{port}")
-            await asyncio.to_thread(self.snapshot_watch.changed)  # the entries to compare with
             while True:
                 self._dirty.clear()
+                await asyncio.to_thread(self.snapshot_watch.record)  # what this pass reads
                 await self._reconcile()
                 await self._wait()
                 await asyncio.sleep(0.2)  # coalesce bursts of events
