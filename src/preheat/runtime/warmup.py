@@ -6,8 +6,10 @@ stands (``WarmState``): ``warming`` while the fill runs (``progress`` has bytes 
 total), ``ready`` once the snapshot is published (pinned if the spec says so),
 ``failed`` with the reason and a backoff (``WARM_BACKOFF``) before the planner warms it
 again, ``unfit`` with the numbers when the node's disk cannot hold the model: for good
-when the model is bigger than the node's capacity, else (other fills' reservations,
-leased or pinned copies take the room now) looked at again after the same backoff.
+when the model is bigger than what the store can ever hold (its capacity, or its disk's
+total size when that is smaller, x the store's high watermark), else (other fills'
+reservations, leased or pinned copies take the room now) looked at again after the same
+backoff.
 
 A replica on a cold node pulls the revision itself (``pull_for_replica``): it shares a
 warm-up already running there and otherwise retries a failed pull (an unreachable
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import Callable
 
 from preheat.artifacts.refs import redact_url
@@ -69,6 +72,18 @@ WARM_BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0)
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry ``attempt + 1`` (0-based attempt)."""
     return WARM_BACKOFF[min(attempt, len(WARM_BACKOFF) - 1)]
+
+
+async def _store_bound(node: Node) -> int:
+    """The most the node's store can ever hold: its capacity, or its disk's total size
+    when that is smaller (the store is then bounded by its disk; ``disk_usage`` off the
+    loop, a network filesystem may block); the capacity alone when the disk cannot be
+    read."""
+    try:
+        disk = (await asyncio.to_thread(shutil.disk_usage, node.cache.store.root)).total
+    except OSError:
+        return node.spec.capacity
+    return min(node.spec.capacity, disk)
 
 
 class Warmer:
@@ -208,8 +223,8 @@ class Warmer:
             why = redact_url(str(exc))
             n = node.warm_failures[revision]
             retry_at = 0.0  # the model is bigger than the node's store: for good
-            cap = node.spec.capacity
-            if cap is not None and rv.model_bytes <= cap * node.cache.store.high_watermark:
+            bound = await _store_bound(node)
+            if rv.model_bytes <= bound * node.cache.store.high_watermark:
                 # It fits once other fills finish or copies are released: look again.
                 node.warm_failures[revision] += 1
                 retry_at = st.clock.now() + backoff(n)

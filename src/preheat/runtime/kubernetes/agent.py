@@ -24,7 +24,9 @@ finalizers, which needs write access to ``ModelDataCache`` objects shared by eve
 agent (they would overwrite each other's progress) and that the agent role does not
 grant. An agent only reads caches and pods, and reconciles a level-triggered view of both.
 The blocking client runs its two watches in threads, which mark the view dirty; one
-asyncio loop reconciles.
+asyncio loop reconciles. While it waits it also looks at the store's ``snapshots/`` every
+0.5 s (:mod:`.agent_store_watch`), so a copy evicted behind its back (another process,
+``preheat cache evict``, ``verify``) leaves the status within about a second.
 
 This module holds the watches and the loop; the agent owns one collaborator per concern:
 :mod:`.agent_warmups` (fills, pins, priorities), :mod:`.agent_leases` (pod leases),
@@ -52,6 +54,7 @@ from preheat.runtime.kubernetes.agent_images_mirror import start_mirror
 from preheat.runtime.kubernetes.agent_leases import PodLeases
 from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
 from preheat.runtime.kubernetes.agent_status import NodeCacheWriter
+from preheat.runtime.kubernetes.agent_store_watch import POLL_S, SnapshotWatch
 from preheat.runtime.kubernetes.agent_warmups import Warmups
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.nodecache_status import targets_node
@@ -89,6 +92,8 @@ class NodeAgent:
         self.view = _View()
         self.metrics = AgentMetrics()
         self._dirty = asyncio.Event()
+        #: copies that leave (or join) the store behind the agent's back wake the loop
+        self.snapshot_watch = SnapshotWatch(self.store.layout.snapshots)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.warmups = Warmups(cfg, self.store, self.metrics, self._dirty)
         self.leases = PodLeases(self.store)
@@ -280,6 +285,19 @@ class NodeAgent:
                 log.warning("reconcile step %s failed: %s", name, describe_error(exc))
         self.metrics.reconciles.inc()
 
+    async def _wait(self) -> None:
+        """Until the view is dirty, the store's snapshots change (``agent_store_watch``)
+        or ``resync_s`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.resync_s
+        while (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), min(left, POLL_S))
+                return
+            if await asyncio.to_thread(self.snapshot_watch.changed):
+                log.debug("node %s: the store's snapshots changed", self.cfg.node)
+                return
+
     async def run(self, ready: Callable[[str], None] | None = None) -> None:
         """Serve, watch and reconcile until cancelled; ``ready(url)`` once serving."""
         self._loop = asyncio.get_running_loop()
@@ -321,9 +339,9 @@ class NodeAgent:
                 ready(f"http://{self.cfg.host}:{port}")
             while True:
                 self._dirty.clear()
+                await asyncio.to_thread(self.snapshot_watch.record)  # what this pass reads
                 await self._reconcile()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), self.cfg.resync_s)
+                await self._wait()
                 await asyncio.sleep(0.2)  # coalesce bursts of events
         finally:
             self._stop.set()
