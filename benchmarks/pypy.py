@@ -22,10 +22,19 @@ patched here, before ``preheat`` is imported, and only on an interpreter older t
 * ``enum.StrEnum`` (3.11): a ``str`` enum whose ``str()`` and ``format()`` are its value
   and whose ``auto()`` is the lower-cased name, as in 3.11.
 
-``routing`` mirrors ``preheat sim routing --json`` (the CLI itself needs click and rich,
-which PyPy's Debian package does not have) and prints the same JSON object;
-``tests/unit/test_sim_pypy.py`` runs it under ``pypy3`` and compares it byte for byte
-with the CLI on CPython. Any other first argument is a script run with the patches on.
+Type aliases that are unions of classes (``control.spec_types.EngineSpec``,
+``control.state.Action``) are quoted in the source, so importing them evaluates no
+``X | Y``; run-time code reads ``control.state.ACTION_TYPES``.
+
+``routing`` and ``coldstart`` mirror ``preheat sim routing --json`` and ``preheat sim
+coldstart --json`` (the CLI itself needs click and rich, which PyPy's Debian package does
+not have) and print the same JSON objects; ``tests/unit/test_sim_pypy.py`` runs them
+under ``pypy3`` and compares them byte for byte with the CLI on CPython. Any other first
+argument is a script run with the patches on.
+
+    pypy3 benchmarks/pypy.py coldstart --nodes 100 --nvme 3TB \\
+        --models benchmarks/sim_coldstart_models.yaml --pattern diurnal --cache-policy lru \\
+        --origin-bandwidth 40Gbps --peers on --duration 36h --seed 1
 """
 
 from __future__ import annotations
@@ -169,14 +178,70 @@ def routing(argv: list[str]) -> str:
     return json.dumps(result.summary())
 
 
+def coldstart(argv: list[str]) -> str:
+    """``preheat sim coldstart ... --json`` without click: the same run, the same JSON."""
+    from preheat.errors import ConfigError
+    from preheat.sim.coldstart import simulate
+    from preheat.sim.coldstart_config import CACHE_POLICIES, WARM_BUDGET
+    from preheat.sim.coldstart_files import prepare
+    from preheat.sim.traffic import PATTERNS
+
+    ap = argparse.ArgumentParser(prog="pypy.py coldstart")
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--nvme", required=True)
+    ap.add_argument("--models", type=Path, required=True)
+    ap.add_argument("--pattern", choices=PATTERNS)
+    ap.add_argument("--trace", type=Path)
+    ap.add_argument("--cache-policy", choices=CACHE_POLICIES, required=True)
+    ap.add_argument("--origin-bandwidth", default="10Gbps")
+    ap.add_argument("--node-bandwidth", default="25Gbps")
+    ap.add_argument("--registry-bandwidth", default="10Gbps")
+    ap.add_argument("--queue-bound", type=int)
+    ap.add_argument("--peers", choices=["on", "off"], default="off")
+    ap.add_argument("--slots", type=int, default=1)
+    ap.add_argument("--warm-budget", default=WARM_BUDGET)
+    ap.add_argument("--release", dest="releases", action="append", default=[])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--duration")
+    a = ap.parse_args(argv)
+    if a.queue_bound is not None and a.queue_bound < 0:
+        ap.error(f"--queue-bound {a.queue_bound} is below 0")
+    try:
+        setup, rng = prepare(
+            nodes=a.nodes,
+            nvme=a.nvme,
+            models=a.models,
+            policy=a.cache_policy,
+            pattern=a.pattern,
+            trace=a.trace,
+            origin_bandwidth=a.origin_bandwidth,
+            node_bandwidth=a.node_bandwidth,
+            registry_bandwidth=a.registry_bandwidth,
+            queue_bound=a.queue_bound,
+            peers=a.peers == "on",
+            slots=a.slots,
+            warm_budget=a.warm_budget,
+            releases=tuple(a.releases),
+            seed=a.seed,
+            duration=a.duration,
+        )
+    except ConfigError as exc:
+        ap.error(str(exc))
+    return json.dumps(simulate(setup, rng).to_dict(), sort_keys=True)
+
+
+COMMANDS = {"routing": routing, "coldstart": coldstart}
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     install()
     if str(SRC) not in sys.path:
         sys.path.insert(0, str(SRC))
-    if sys.argv[1] == "routing":
-        print(routing(sys.argv[2:]))
+    command = COMMANDS.get(sys.argv[1])
+    if command is not None:
+        print(command(sys.argv[2:]))
         return
     script = sys.argv[1]
     sys.argv = sys.argv[1:]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from preheat.control import state
 from preheat.control.state import Desired, DesiredVariant, NodeView, Observed, StartReplica
 from preheat.runtime.fleetlog import FleetLog
 from preheat.runtime.local_executor import LocalExecutor
@@ -19,6 +20,13 @@ def test_every_action_kind_has_an_executor_method() -> None:
     assert unhandled() == []
     for name in HANDLERS.values():
         assert callable(getattr(Executor, name)) and callable(getattr(LocalExecutor, name))
+
+
+def test_the_action_type_alias_names_exactly_the_action_types() -> None:
+    """``Action`` (quoted, for Python 3.9) evaluates to the union of ``ACTION_TYPES``."""
+    alias = eval(state.Action, vars(state))
+    assert set(get_args(alias)) == set(state.ACTION_TYPES)
+    assert len(state.ACTION_TYPES) == len(set(state.ACTION_TYPES)) == 13
 
 
 class _Recorder:

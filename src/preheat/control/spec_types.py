@@ -16,6 +16,7 @@ from preheat.router.policies.base import PolicyParams
 
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import TypeAlias
 
 __all__ = [
     "Autoscaling",
@@ -67,7 +68,9 @@ class CommandEngine:
     command: str
 
 
-EngineSpec = SimulatedEngine | CommandEngine
+#: Quoted so that importing this module evaluates no ``X | Y`` of classes (Python 3.9,
+#: which benchmarks/pypy.py runs the cold-start simulator on, cannot).
+EngineSpec: TypeAlias = "SimulatedEngine | CommandEngine"
 
 
 @dataclass(frozen=True)

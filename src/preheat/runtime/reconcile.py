@@ -60,10 +60,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from typing import Protocol, get_args
+from typing import Protocol
 
 from preheat.control.plan import plan
 from preheat.control.state import (
+    ACTION_TYPES,
     Action,
     AddRoute,
     DeleteRevision,
@@ -125,7 +126,7 @@ HANDLERS: Mapping[type, str] = {
 
 def unhandled() -> list[str]:
     """Action types of ``control.state`` that no executor method carries out (none)."""
-    return sorted(t.__name__ for t in set(get_args(Action)) - set(HANDLERS))
+    return sorted(t.__name__ for t in set(ACTION_TYPES) - set(HANDLERS))
 
 
 async def execute(executor: Executor, action: Action) -> None:

@@ -102,7 +102,7 @@ def _mapping(where: str, value: Any) -> Mapping[str, Any]:
 
 
 def _number(where: str, value: Any, *, minimum: float = 0.0, strict: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{where} = {value!r} is not a number")
     if value < minimum or (strict and value == minimum):
         op = ">" if strict else ">="

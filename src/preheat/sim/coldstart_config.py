@@ -190,7 +190,7 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
     """Bytes per second from ``10Gbps`` / ``400Mbit/s`` (bits) or ``1.25GB/s`` (bytes)."""
     if isinstance(text, bool):
         raise ConfigError(f"{what} {text!r} is not a bandwidth; write it like 10Gbps or 1GB/s")
-    if isinstance(text, int | float):
+    if isinstance(text, (int, float)):
         value = float(text)
     else:
         m = _BITS.match(text)
@@ -209,7 +209,7 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
 
 def parse_duration(text: str | int | float, *, what: str = "duration") -> float:
     """Seconds from ``3600``, ``90m``, ``24h`` or ``2d``."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
         m = _DURATION.match(str(text))

@@ -136,7 +136,7 @@ def pattern_traffic(
 
 def _value(where: str, data: Mapping[str, Any], key: str) -> float:
     v = data.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise ConfigError(f"{where}: {key} = {v!r}; give a number >= 0")
     return float(v)
 

@@ -53,19 +53,23 @@ different order (concurrent clients, a load balancer in front) drift apart; use
 learned placement's hit rate and balance) or ``placement: hash`` (agreement in any order,
 at the cost of balance and of chat hit rate). No prompt text is kept:
 the index holds 64-bit keyed hashes and instance ids only.
+
+The per-instance bookkeeping (rendezvous seeds, decayed recent request counts and their
+order, the capacity weights' staleness) is the base class ``PrefixAwareBook``
+(router/policies/prefix_aware_book.py); the placements' own state is here.
 """
 
 from __future__ import annotations
 
-from bisect import insort
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from preheat.errors import NoHealthyInstance
 from preheat.router.kvindex import CapacityIndex
-from preheat.router.policies.base import BasePolicy, Choice, InstT, PolicyParams, RouteRequest
+from preheat.router.policies.base import Choice, InstT, PolicyParams, RouteRequest
 from preheat.router.policies.hybrid import HybridPlacement, choose_hashed
 from preheat.router.policies.predicted import PredictedPlacement, block_tokens
+from preheat.router.policies.prefix_aware_book import STABLE_STATE, InFlight, PrefixAwareBook
 from preheat.router.policies.stable import Loads, StablePlacement, capacity_weights
 from preheat.router.prefix import (
     CHARS_PER_TOKEN,
@@ -80,27 +84,6 @@ if TYPE_CHECKING:
 _PREAMBLE_ROLES = ("system", "developer")
 # Placements that key a prompt by its home block (the first turn's first block).
 _HOMED = ("hybrid",)
-# Marks a ``stable`` decision's state (router/policies/stable.py).
-_STABLE = "stable"
-
-
-class _InFlight:
-    """The instances' in-flight counts by position, read when asked (``stable`` reads
-    only its pick's unless it spills)."""
-
-    __slots__ = ("_inst",)
-
-    def __init__(self, instances: Sequence[Any]) -> None:
-        self._inst = instances
-
-    def __getitem__(self, j: int, /) -> int:
-        return int(self._inst[j].in_flight)
-
-    def __len__(self) -> int:
-        return len(self._inst)
-
-    def __iter__(self) -> Iterator[int]:
-        return (i.in_flight for i in self._inst)
 
 
 class PreciseSource(Protocol):
@@ -115,7 +98,7 @@ class PreciseSource(Protocol):
 LearnedIndex = CapacityIndex
 
 
-class PrefixAwarePolicy(BasePolicy[InstT]):
+class PrefixAwarePolicy(PrefixAwareBook[InstT]):
     """Rendezvous ranking + bounded load + learned warm holders (see the module header)."""
 
     name = "prefix_aware"
@@ -123,9 +106,11 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
     def __init__(
         self, params: PolicyParams, *, salt: bytes, rng: _random.Random | None = None
     ) -> None:
-        self.params = params
-        self.hasher = PrefixHasher(salt, params.block_chars)
-        self.index = CapacityIndex(params.index_entries, params.max_holders)
+        super().__init__(
+            params,
+            PrefixHasher(salt, params.block_chars),
+            CapacityIndex(params.index_entries, params.max_holders),
+        )
         self._predicted = PredictedPlacement(self.index)
         self._stable = StablePlacement(
             self.index,
@@ -134,26 +119,6 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             split=params.placement == "stable-split",
             move=params.placement == "stable-move",
         )
-        # Capacity-weighted rendezvous weights for ``stable`` (None: all equal); rebuilt
-        # when the instance list or a capacity changes.
-        self._weights: list[float] | None = None
-        self._weights_ok = False
-        self._ids: list[str] = []
-        self._seed_list: list[int] = []
-        self._pos: dict[str, int] = {}
-        self._recent: dict[str, float] = {}
-        self._rl: list[float] = []
-        # Positions into ``_rl`` by ascending recent count, equal counts in the order they
-        # last grew (the untouched by position): the least-loaded instance under the
-        # in-flight bound is the first of them below it. Only ``learned`` reads it, so it
-        # is kept up to date only under ``learned`` and sorted again when read stale.
-        self._order: list[int] = []
-        self._order_ok = True
-        # Per position: the decision at which its count last grew (-1: not since _sync).
-        self._grew: list[int] = []
-        self._tick = 0
-        self._last: Sequence[InstT] | None = None
-        self._g = 1.0
         # hybrid: decayed request counts per home key (router/policies/hybrid.py).
         self._hybrid = HybridPlacement(self.index, params.index_entries)
         # The precise index of instances with KV events (router/kvprecise.py; set by the
@@ -201,36 +166,6 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
                     break
         return pk, start, end
 
-    def _sync(self, instances: Sequence[InstT]) -> None:
-        """Align seeds, positions and recent counts with the caller's instance list.
-
-        The same list object with the same ends is taken as unchanged (the proxy and the
-        simulator build a new list when membership changes); anything else is compared
-        id by id.
-        """
-        ids0 = self._ids
-        if (
-            instances is self._last
-            and len(instances) == len(ids0)
-            and instances[0].id == ids0[0]
-            and instances[-1].id == ids0[-1]
-        ):
-            return
-        ids = [i.id for i in instances]
-        self._last = instances
-        if ids != ids0:
-            for x, c in zip(ids0, self._rl, strict=True):
-                self._recent[x] = c
-            seed = self.hasher.seed
-            self._ids = ids
-            self._seed_list = [seed(x) for x in ids]
-            self._pos = {x: j for j, x in enumerate(ids)}
-            self._rl = [self._recent.get(x, 0.0) for x in ids]
-            self._order = sorted(range(len(ids)), key=self._rl.__getitem__)
-            self._order_ok = True
-            self._grew = [-1] * len(ids)
-            self._weights_ok = False
-
     def choose(self, request: RouteRequest, instances: Sequence[InstT]) -> Choice[InstT]:
         n = len(instances)
         if n == 0:
@@ -241,7 +176,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         self._sync(instances)
         seeds = self._seed_list
         if p.placement in ("stable", "stable-move"):
-            return self._choose_stable(pk, instances, _InFlight(instances), seeds)
+            return self._choose_stable(pk, instances, InFlight(instances), seeds)
         loads = [i.in_flight for i in instances]
         if p.placement == "hash":
             return choose_hashed(pk, instances, loads, seeds, p.concurrency_threshold)
@@ -261,7 +196,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             )
         if p.placement == "learned":
             return self._choose_learned(pk, instances, loads, seeds)
-        return self._choose_stable(pk, instances, _InFlight(instances), seeds)
+        return self._choose_stable(pk, instances, InFlight(instances), seeds)
 
     def _choose_stable(
         self, pk: PrefixKey, instances: Sequence[InstT], loads: Loads, seeds: list[int]
@@ -296,7 +231,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             len(pk.chain),
             cached // CHARS_PER_TOKEN,
             pk.prompt_chars,
-            (_STABLE, pk, max(pk.prompt_chars - cached, 0), lk),
+            (STABLE_STATE, pk, max(pk.prompt_chars - cached, 0), lk),
         )
 
     def _choose_learned(
@@ -341,7 +276,7 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         pk = choice.state
         window = self.params.balance_window
         iid = choice.instance.id
-        if type(pk) is tuple and pk[0] is _STABLE:
+        if type(pk) is tuple and pk[0] is STABLE_STATE:
             self._stable.on_sent(pk[1], iid, len(self._ids), pk[2], request.body, window)
             if pk[3] is not None and self.precise is not None:
                 self.precise.sent(iid, pk[3])
@@ -356,44 +291,10 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
             home, chain = pk
             g_next = self._g / (1.0 - 1.0 / self.params.balance_window)
             self._hybrid.on_sent(home, chain, choice.instance.id, g_next)
-        # Decayed request counts: each count shrinks by (1 - 1/balance_window) per
-        # decision; growing the unit instead of shrinking every count keeps this O(1).
-        g = self._g = self._g / (1.0 - 1.0 / window)
-        j = self._pos.get(iid)
-        if j is not None and j < len(self._ids) and self._ids[j] == iid:
-            rl = self._rl
-            rl[j] += g
-            self._grew[j] = self._tick
-            self._tick += 1
-            if self._order_ok and placement == "learned":
-                order = self._order
-                order.remove(j)
-                insort(order, j, key=rl.__getitem__)
-            else:
-                self._order_ok = False
-        else:
-            self._recent[iid] = self._recent.get(iid, 0.0) + g
-        if g > 1e12:
-            # Dividing can make two counts equal: fix the order first, as it was, and
-            # stamp it so a later sort keeps it.
-            order = self._ordered()
-            grew = self._grew
-            for r, j in enumerate(order):
-                grew[j] = r - len(order)
-            self._rl = [c / g for c in self._rl]
-            for k in self._recent:
-                self._recent[k] /= g
-            self._hybrid.rescale(g)
-            self._g = 1.0
+        self._count_sent(iid)
 
-    def _ordered(self) -> list[int]:
-        """``_order``, sorted again if decisions were made without keeping it: by count,
-        then when it last grew, then position, which is the order ``insort`` keeps."""
-        if not self._order_ok:
-            rl, grew = self._rl, self._grew
-            self._order = sorted(range(len(rl)), key=lambda j: (rl[j], grew[j], j))
-            self._order_ok = True
-        return self._order
+    def _rescaled(self, g: float) -> None:
+        self._hybrid.rescale(g)
 
     def on_done(
         self, request: RouteRequest, choice: Choice[InstT], *, ok: bool, cached_tokens: int | None
@@ -401,21 +302,10 @@ class PrefixAwarePolicy(BasePolicy[InstT]):
         st = choice.state
         if isinstance(st, tuple) and len(st) == 3 and isinstance(st[0], PrefixKey):
             self._predicted.on_done(choice.instance.id, st[1])
-        elif isinstance(st, tuple) and st[0] is _STABLE:
+        elif isinstance(st, tuple) and st[0] is STABLE_STATE:
             self._stable.predicted.on_done(choice.instance.id, st[2])
-
-    def set_capacity(self, instance_id: str, tokens: int | None) -> None:
-        if self.index.capacity(instance_id) != tokens:
-            self._weights_ok = False
-        self.index.set_capacity(instance_id, tokens)
 
     def forget(self, instance_id: str) -> None:
         self._predicted.forget(instance_id)
         self._stable.forget(instance_id)
-        self._weights_ok = False
-        for x, c in zip(self._ids, self._rl, strict=True):
-            self._recent[x] = c
-        self._recent.pop(instance_id, None)
-        self._ids = []
-        self._rl = []
-        self._last = None
+        super().forget(instance_id)
