@@ -74,10 +74,10 @@ async def test_a_disk_bound_warm_up_that_meets_another_fills_reservation_is_retr
     tmp_path: Path,
 ) -> None:
     """On a node bounded by its disk (capacity 4x the disk), another process's fill that
-    reserves all but 10 MB of the free disk leaves the 40 MB warm-up ``unfit``, retried
+    reserves all but 10 MB of the free disk leaves the 100 MB warm-up ``unfit``, retried
     (it fits the disk); once that process is gone (its reservation with it) the warm-up
     fills and the view is ``ready``."""
-    model = make_model(tmp_path / "origin" / "m", size=40 * MB, shards=2, seed=41)
+    model = make_model(tmp_path / "origin" / "m", size=100 * MB, shards=2, seed=41)
     store = tmp_path / "nodes" / "n0"  # parse_cluster: base_dir/nodes/<name>
     disk = shutil.disk_usage(tmp_path).total
     other = _big_file_origin(tmp_path / "big", shutil.disk_usage(tmp_path).free - 10 * MB)
