@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from itertools import chain, islice
+from itertools import islice
 
 __all__ = ["FILLER_IDS", "FILLER_WORDS", "SPECIAL_TOKENS", "Tokenizer", "filler_text"]
 
@@ -102,6 +102,23 @@ _WORDS = _Words()
 _word = _WORDS.__getitem__
 
 
+class _Firsts(dict[str, tuple[int, ...]]):
+    """word -> the ids of the word at a text's start (no space before it), bounded as
+    ``_Words``: the first word of every text would otherwise run the regex."""
+
+    def __missing__(self, word: str) -> tuple[int, ...]:
+        ids = tuple(map(_lookup, _findall(word)))
+        if len(word) <= _MAX_WORD:
+            if len(self) >= _MAX_WORDS:
+                self.clear()
+            self[word] = ids
+        return ids
+
+
+_FIRSTS = _Firsts()
+_first = _FIRSTS.__getitem__
+
+
 def _split_ok(text: str) -> bool:
     """True when every space in ``text`` opens a piece: ASCII, no whitespace next to one."""
     if not text.isascii() or "  " in text:
@@ -117,9 +134,12 @@ def _encode(text: str) -> list[int]:
     if not _split_ok(text):
         return list(map(_lookup, _findall(text)))
     words = text.split(" ")
-    out = list(map(_lookup, _findall(words[0])))
-    if len(words) > 1:
-        out.extend(chain.from_iterable(map(_word, islice(words, 1, None))))
+    out = list(_first(words[0]))
+    # A loop, not chain.from_iterable(map(...)): as fast on CPython, and on PyPy it
+    # allocates a third as much (the fleet simulator's garbage-collector time).
+    word = _word
+    for w in islice(words, 1, None):
+        out += word(w)
     return out
 
 
