@@ -78,3 +78,21 @@ def test_bodies_off_the_plain_path_get_the_rendered_prompts_tokens() -> None:
         text = render_chat(body["messages"], body.get("tools"))
         assert list(p.tokens) == tok.encode(text)
         assert list(p.hashes) == block_hashes(list(p.tokens), salt=body.get("cache_salt"))
+
+
+def test_plain_contents_opening_with_whitespace_get_the_engines_tokens() -> None:
+    """A plain message's content is encoded apart from the "\\n\\n" before it unless it
+    opens with whitespace (which that token absorbs): contents opening with each kind of
+    whitespace (ASCII, control separators, Unicode spaces), with none, empty, and the same
+    first word in many texts give the tokens of one ``encode`` of the rendered prompt."""
+    b = PromptBuilder()
+    tok = Tokenizer()
+    openings = ["", " ", "  ", "\t", "\n", "\r\n", "\x0b", "\x1c", "\xa0", "\u3000", "x", "!"]
+    for i, lead in enumerate(openings * 2):
+        for content in (lead, lead + "word caching", lead + f"first{i % 3} words after"):
+            messages = [
+                {"role": "system", "content": "shared system prompt " * 8},
+                {"role": "user", "content": content},
+            ]
+            p = b.build(None, {"messages": messages})
+            assert list(p.tokens) == tok.encode(render_chat(messages)), repr(content)

@@ -101,6 +101,11 @@ class PromptBuilder:
             for first in (True, False)
         }
         self._gen = (_SH, *enc("assistant"), _EH, *enc("\n\n"))
+        # The same with the "\n\n" that opens the content: ``encode("\n\n" + c)`` is
+        # ``encode("\n\n") + encode(c)`` unless ``c`` starts with whitespace (which the
+        # "\n\n" token would absorb), so the content is encoded as it is, not copied.
+        nl2 = tuple(enc("\n\n"))
+        self._opens = {k: head + nl2 for k, head in self._heads.items()}
 
     def build(self, path: str | None, body: Mapping[str, Any]) -> Prompt:
         """The engine's view of ``body`` sent to ``path`` (``None``: chat if the body has
@@ -192,6 +197,7 @@ class PromptBuilder:
         bs = self.block_size
         enc = self.tokenizer.encode
         heads = self._heads
+        opens = self._opens
         node = 0
         tokens: tuple[int, ...] = ()
         hashes: tuple[int, ...] = ()
@@ -212,7 +218,10 @@ class PromptBuilder:
                     return None
                 # (tuple + tuple: PyPy keeps a tuple's ints boxed, so copying the long
                 # prefix as a tuple is cheaper than unpacking it)
-                piece = (*heads[role, k == 0], *enc("\n\n" + content), _EOT_ID)
+                if content[:1].isspace():
+                    piece = (*heads[role, k == 0], *enc("\n\n" + content), _EOT_ID)
+                else:
+                    piece = (*opens[role, k == 0], *enc(content), _EOT_ID)
                 if k == n - 1:  # the last message: its generation prompt in the same copy
                     piece = piece + self._gen
                     gen = True

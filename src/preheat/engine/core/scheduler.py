@@ -302,10 +302,15 @@ class Scheduler:
                 continue  # aborted while the step ran
             if seq.first_scheduled is None:
                 seq.first_scheduled = now - step.duration
-            seq.num_computed += n
+            before = seq.num_computed
+            seq.num_computed = computed = before + n
+            # The cache has registered the full blocks before ``before`` (allocation and
+            # every earlier commit leave it so): commit only when a block filled up.
+            grew = computed // bs > before // bs
             output = seq.output_tokens
-            if seq.num_computed < len(seq.prompt_tokens) + len(output):
-                commit(seq.req_id, seq.hashes, seq.num_computed)
+            if computed < len(seq.prompt_tokens) + len(output):
+                if grew:
+                    commit(seq.req_id, seq.hashes, computed)
                 continue  # still prefilling (chunked): no token sampled
             # The step covered every known token: sample one output token.
             pos = len(output)
@@ -323,7 +328,8 @@ class Scheduler:
                 end = nfull * bs
                 tail = [*prompt[start:end], *output[max(start - lp, 0) : max(end - lp, 0)]]
                 hashes.extend(block_hashes(tail, bs, parent=parent, salt=seq.salt))
-            commit(seq.req_id, hashes, seq.num_computed)
+            if grew:
+                commit(seq.req_id, hashes, computed)
             first = seq.first_token_time is None
             if first:
                 seq.first_token_time = now

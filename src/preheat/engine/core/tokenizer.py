@@ -86,11 +86,17 @@ _findall = _TOKENS.findall
 
 
 class _Words(dict[str, tuple[int, ...]]):
-    """word -> the ids of the word after a space; emptied at ``_MAX_WORDS`` entries, and
-    words over ``_MAX_WORD`` characters are not kept (the memory bound: ~25 MB)."""
+    """word -> the ids of ``opening + word``: a word after a space (``_WORDS``) or a
+    text's first word (``_FIRSTS``, which would otherwise run the regex per text);
+    emptied at ``_MAX_WORDS`` entries, and words over ``_MAX_WORD`` characters are not
+    kept (the memory bound: ~25 MB each)."""
+
+    def __init__(self, opening: str) -> None:
+        super().__init__()
+        self.opening = opening
 
     def __missing__(self, word: str) -> tuple[int, ...]:
-        ids = tuple(map(_lookup, _findall(" " + word)))
+        ids = tuple(map(_lookup, _findall(self.opening + word)))
         if len(word) <= _MAX_WORD:
             if len(self) >= _MAX_WORDS:
                 self.clear()
@@ -98,8 +104,10 @@ class _Words(dict[str, tuple[int, ...]]):
         return ids
 
 
-_WORDS = _Words()
+_WORDS = _Words(" ")
 _word = _WORDS.__getitem__
+_FIRSTS = _Words("")
+_first = _FIRSTS.__getitem__
 
 
 def _split_ok(text: str) -> bool:
@@ -117,7 +125,7 @@ def _encode(text: str) -> list[int]:
     if not _split_ok(text):
         return list(map(_lookup, _findall(text)))
     words = text.split(" ")
-    out = list(map(_lookup, _findall(words[0])))
+    out = list(_first(words[0]))
     if len(words) > 1:
         out.extend(chain.from_iterable(map(_word, islice(words, 1, None))))
     return out
