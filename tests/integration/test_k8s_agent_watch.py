@@ -88,7 +88,7 @@ def test_a_copy_evicted_behind_the_agents_back_leaves_its_nodecache_within_secon
 ) -> None:
     """Held, then no longer wanted (the cache deleted: the agent keeps the copy and lists
     it), the copy is evicted by ``preheat cache evict``: the NodeCache lists no revision
-    and the Node label goes within 3 s; before, both stayed until the next resync (30 s
+    and the Node label goes within 10 s (0.4-0.55 s measured); before, both stayed until the next resync (30 s
     here)."""
     kube, agent = world.kube, world.agent
     _create_cache(kube, "w", world.url, world.revision, [NODE], namespace=NS)
@@ -102,13 +102,13 @@ def test_a_copy_evicted_behind_the_agents_back_leaves_its_nodecache_within_secon
     out = _evict_all(agent.store)
     evicted = time.monotonic()
     assert f"evict snapshot {world.digest}" in out, out
-    until("the NodeCache drops the copy", lambda: not _held(world), timeout=3.0, interval=0.05)
+    until("the NodeCache drops the copy", lambda: not _held(world), timeout=10.0, interval=0.05)
     took = time.monotonic() - evicted
     status = _nodecache(kube, NODE)["status"]
     assert status["revisionCount"] == 0 and status["usedBytes"] == 0, status
     labels = kube.rest().get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels") or {}
     assert revision_label(world.digest) not in labels
-    assert took < 3.0
+    assert took < 10.0  # 0.4-0.55 s here; a third of the 30 s resync leaves CI room
     print(f"NodeCache dropped the evicted copy {took:.2f} s after the eviction")
 
 
@@ -116,7 +116,7 @@ def test_a_wanted_copy_evicted_behind_the_agents_back_is_warmed_again_within_sec
     world: World,
 ) -> None:
     """A copy that a cache still wants, evicted by ``preheat cache evict``, is filled
-    again within 5 s (the agent's warm-up sees it gone), not at the next resync."""
+    again within 10 s (the agent's warm-up sees it gone), not at the next resync."""
     kube, agent = world.kube, world.agent
     assert not _held(world)  # the first test's eviction was seen (or this runs alone)
     _create_cache(kube, "w2", world.url, world.revision, [NODE], namespace=NS)
@@ -125,6 +125,6 @@ def test_a_wanted_copy_evicted_behind_the_agents_back_is_warmed_again_within_sec
     _evict_all(agent.store)
     until("filled again",
           lambda: agent.metric("preheat_agent_bytes_fetched_total") > fetched,
-          timeout=5.0)  # fmt: skip
-    until("held again", lambda: world.revision in _held(world), timeout=5.0)
+          timeout=10.0)  # fmt: skip
+    until("held again", lambda: world.revision in _held(world), timeout=10.0)
     kube.rest().must("DELETE", f"{MDC}/w2")
