@@ -205,12 +205,6 @@ class FrontProtocol(FrontSink, asyncio.Protocol):
         if d is not None and not d.done():
             d.set_result(None)
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if self.transport is not None:
-                self.transport.close()
-
     # --- parser callbacks (httptools) ---------------------------------------------------
 
     def on_message_begin(self) -> None:

@@ -71,7 +71,11 @@ class FrontSink:
     _linger: asyncio.TimerHandle | None
 
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the connection (once); ``connection_lost`` follows from the transport."""
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
 
     def _refuse(self, r: Reject) -> None:
         """Answer a request refused while parsing, then linger and close."""
