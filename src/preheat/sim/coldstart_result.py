@@ -19,7 +19,7 @@ deleted from a node once no replica used them (``revisions_deleted``), and the b
 superseded revisions still on the disks at the end (``superseded_bytes_at_end``); their
 starts are the ``new_version`` class. ``rollout_s`` is how long each finished rollout
 took, from its release to ``FinishRollout`` (the new revision serves every wanted replica
-and the old one is drained): n, p50, p95, max, and each revision's in
+and the old one is drained): n, p50, p95, p99, max, and each revision's in
 ``rollout_s_by_revision``; ``rollouts_unfinished`` counts releases
 whose rollout had not finished at the end or was overtaken by a later release.
 
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from preheat.sim.coldstart_flows import kind
 from preheat.sim.coldstart_queue import summarize_queues
-from preheat.telemetry.stats import percentile, summarize_classes
+from preheat.telemetry.stats import Percentiles, summarize_classes
 
 if TYPE_CHECKING:
     from preheat.sim.coldstart_setup import ColdStartSetup
@@ -54,14 +54,17 @@ class ColdStartResult:
 
 
 def _spread(values: list[float]) -> dict[str, float | int]:
-    """n, p50, p95 and max of ``values`` (zeros for none), rounded to ms."""
+    """n, p50, p95, p99 and max of ``values`` (zeros for none), rounded to ms, in the
+    shape of a ``readiness`` row."""
     if not values:
-        return {"n": 0, "p50_s": 0.0, "p95_s": 0.0, "max_s": 0.0}
+        return {"n": 0, "p50_s": 0.0, "p95_s": 0.0, "p99_s": 0.0, "max_s": 0.0}
+    p = Percentiles.of(values)
     return {
-        "n": len(values),
-        "p50_s": round(percentile(values, 50.0), 3),
-        "p95_s": round(percentile(values, 95.0), 3),
-        "max_s": round(max(values), 3),
+        "n": p.n,
+        "p50_s": round(p.p50, 3),
+        "p95_s": round(p.p95, 3),
+        "p99_s": round(p.p99, 3),
+        "max_s": round(p.max, 3),
     }
 
 
