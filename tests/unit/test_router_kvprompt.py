@@ -30,6 +30,23 @@ def test_chunked_cached_hashes_equal_the_engines_whole_prompt_hashes() -> None:
     assert pb.blocks(bodies[5]) is not None and pb.misses == misses and pb.hits > 0
 
 
+def test_cache_entries_read_alike_after_hits_misses_and_evictions() -> None:
+    """With a cache too small for the stream (entries evicted, so a prompt mixes cached and
+    new chunks in any order), every body still gets the uncached hashes and token count,
+    also when its last chunk was the cached one."""
+    bodies = [w.body for w in WORKLOADS["rag_chat"](60, seed=5)]
+    bodies += [w.body for w in WORKLOADS["chat"](60, seed=5)]
+    random.Random(5).shuffle(bodies)
+    for size in (3, 40, 1 << 15):
+        pb = PromptBlocks(EngineCodec(), HashScheme("builtin"), max_chunks=size)
+        # Each body twice in a row: the second time every chunk is cached.
+        for body in [b for b in bodies for _ in (0, 1)] + bodies[::3]:
+            toks = prompt_tokens(body)
+            assert toks is not None
+            assert pb.blocks(body) == (block_hashes(toks, 16), len(toks))
+        assert pb.misses > 0 and (pb.hits > 0 or size < 5)
+
+
 def test_mask_walk_matches_a_per_instance_loop() -> None:
     """Random announced and pending sets on 70 instances (over one 64-bit word): each
     instance's held run equals the leading run of the prompt's hashes in its sets."""

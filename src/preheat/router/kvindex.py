@@ -55,6 +55,9 @@ class CapacityIndex:
         self._cap: dict[str, int] = {}
         self._anon = 0
         self.evicted_blocks = 0
+        # instance -> (instance,): the holders of every block it alone holds, one shared
+        # tuple (a new block then allocates nothing the cyclic GC tracks).
+        self._one: dict[str, tuple[str]] = {}
 
     def __len__(self) -> int:
         return len(self._d)
@@ -122,6 +125,9 @@ class CapacityIndex:
         get = d.get
         move = d.move_to_end
         cap = self.max_holders
+        one = self._one.get(instance_id)
+        if one is None:
+            one = self._one[instance_id] = (instance_id,)
         lru = None
         if instance_id in self._cap:
             lru = self._lru.get(instance_id)
@@ -133,7 +139,7 @@ class CapacityIndex:
                 h = chain[i]
                 cur = get(h)
                 if cur is None:
-                    d[h] = (instance_id,)
+                    d[h] = one
                     continue
                 if instance_id not in cur:
                     if len(cur) >= cap:
@@ -159,7 +165,7 @@ class CapacityIndex:
                     except KeyError:  # recorded while the capacity was unknown
                         pass
                 elif cur is None:
-                    d[h] = (instance_id,)
+                    d[h] = one
                 else:
                     if len(cur) >= cap:
                         self._drop_holder(h, cur[0])
@@ -184,6 +190,7 @@ class CapacityIndex:
         """Drop an instance that left the variant from every entry."""
         lru = self._lru.pop(instance_id, None)
         self._used.pop(instance_id, None)
+        self._one.pop(instance_id, None)
         if lru is None:
             return
         for h in lru:

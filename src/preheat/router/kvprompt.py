@@ -144,9 +144,10 @@ class PromptBlocks:
         self.block_size = block_size
         self.max_chunks = max_chunks
         self.chunk_chars = chunk_chars if codec.chunking else 1 << 62
-        self._cache: OrderedDict[int, tuple[Any, tuple[int, ...], tuple[int, ...], int]] = (
-            OrderedDict()
-        )
+        # key -> (hash state, token count, k, the k tokens of the open block, the block
+        # hashes the chunk completed...): one flat tuple, so a new chunk leaves one object
+        # for the cyclic GC's young generation to visit, not three (``_walk``).
+        self._cache: OrderedDict[int, tuple[Any, ...]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -178,15 +179,22 @@ class PromptBlocks:
         out: list[int] = []
         get, to_end, extend = cache.get, cache.move_to_end, out.extend
         hits = 0
+        # The entry of the last chunk found cached, read out only when a chunk after it is
+        # not (its state and open block are needed then) or at the end (its count).
+        last: tuple[Any, ...] | None = None
         for chunk in _chunks(text, self.chunk_chars):
             key = hash((key, chunk))
             hit = get(key)
             if hit is not None:
                 to_end(key)
-                state, tail, new, ntok = hit
-                extend(new)
+                last = hit
+                extend(hit[3 + hit[2] :])
                 hits += 1
                 continue
+            if last is not None:
+                state, ntok, k = last[0], last[1], 3 + last[2]
+                tail = last[3:k]
+                last = None
             self.misses += 1
             toks = tail + tuple(self.codec.encode(chunk))
             ntok += len(toks) - len(tail)
@@ -198,11 +206,13 @@ class PromptBlocks:
                 )
                 made.append(ext)
             tail = toks[full * bs :]
-            cache[key] = (state, tail, tuple(made), ntok)
+            cache[key] = (state, ntok, len(tail), *tail, *made)
             if len(cache) > self.max_chunks:
                 cache.popitem(last=False)
             extend(made)
         self.hits += hits
+        if last is not None:
+            ntok = last[1]
         return out, ntok
 
     def tokens(self, body: Mapping[str, Any]) -> list[int] | None:

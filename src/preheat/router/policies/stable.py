@@ -278,20 +278,19 @@ class StablePlacement:
                 sc = self._scores(h, seeds, None)
                 kept.sort(key=sc.__getitem__, reverse=True)
                 ks = set(kept)
+                # Sorted by score, then (stable) by the first key: the order of the key
+                # (first, score) in two C-keyed sorts, without a tuple per comparison.
+                rest = [j for j in members if j not in ks]
+                rest.sort(key=sc.__getitem__)
                 if len(e) > 2:
                     # Split for load: fill by the block's plain rendezvous order, the
                     # instances at most at the mean load first (stable_split.py).
-                    low = below_mean(self.load, ids)
-                    rest = sorted(
-                        (j for j in members if j not in ks), key=lambda j: (low[j], sc[j])
-                    )
+                    rest.sort(key=below_mean(self.load, ids).__getitem__)
                 else:
                     # Fill with the members of the fewest other hot sets (integers that
                     # replicas holding the same sets agree on), ties by plain score.
                     busy = self.traffic.memberships(pos, n, h)
-                    rest = sorted(
-                        (j for j in members if j not in ks), key=lambda j: (-busy[j], sc[j])
-                    )
+                    rest.sort(key=busy.__getitem__, reverse=True)
                 while len(kept) < k and rest:
                     kept.append(rest.pop())
                 del kept[k:]

@@ -89,15 +89,17 @@ class Moves:
         floor = max(mean, BALANCE_FLOOR * traffic.g * m)
         if loads[j0] - mean <= OVERLOAD * floor:
             return j0
-        order = sorted(members, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64, reverse=True)
-        for j in order:
-            if j != j0 and loads[j] <= mean:
-                self._home[h] = ids[j]
-                if len(self._home) > MAX_MOVED:
-                    self._home.popitem(last=False)
-                self.moves += 1
-                return j
-        return j0
+        # The first member of the plain rendezvous order (equal scores: members' order)
+        # at or below the mean: the highest-scoring such member, found without a sort.
+        low = [j for j in members if j != j0 and loads[j] <= mean]
+        if not low:
+            return j0
+        j = max(low, key=lambda j: ((h ^ seeds[j]) * _MUL) & MASK64)
+        self._home[h] = ids[j]
+        if len(self._home) > MAX_MOVED:
+            self._home.popitem(last=False)
+        self.moves += 1
+        return j
 
     def forget(self, instance_id: str) -> None:
         """An instance left: its moved blocks are placed afresh."""
