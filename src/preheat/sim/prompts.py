@@ -216,16 +216,17 @@ class PromptBuilder:
                 continue
             if "<|" in content:
                 return None
+            if content[:1].isspace():
+                head, ids = heads[role, k == 0], enc("\n\n" + content)
+            else:
+                head, ids = opens[role, k == 0], enc(content)
+            if k == n - 1:  # the last message and the generation prompt: one list
+                last = [*head, *ids, _EOT_ID, *self._gen]
+                break
             # (tuple + tuple: PyPy keeps a tuple's ints boxed, so copying the long
             # prefix as a tuple is cheaper than unpacking it)
-            if content[:1].isspace():
-                piece = (*heads[role, k == 0], *enc("\n\n" + content), _EOT_ID)
-            else:
-                piece = (*opens[role, k == 0], *enc(content), _EOT_ID)
-            if k == n - 1:  # the last message: its generation prompt in the same copy
-                piece = piece + self._gen
-                break
-            tokens = tokens + piece
+            own = (*head, *ids, _EOT_ID)
+            tokens = tokens + own
             start = len(hashes) * bs
             full = len(tokens) // bs * bs
             if full > start:
@@ -240,22 +241,25 @@ class PromptBuilder:
                 _, (_, old, _) = memo.popitem(last=False)
                 self._held -= len(old)
         else:  # the last message was memoised (an earlier turn of a later chat)
-            piece = self._gen
+            last = list(self._gen)
         # The last message's piece and the generation prompt are not kept, nor copied
-        # onto the memoised prefix (``JoinedTokens`` holds both: the engine keeps the
-        # prompt for the request's life); only the blocks from the prefix's last
-        # partial one on are hashed.
+        # onto the memoised prefix: ``JoinedTokens`` holds both, the last part as a list,
+        # whose ints PyPy stores unboxed (a tuple would box each new id: objects its
+        # garbage collector copies and traces while the request is in flight, as the
+        # engine keeps the prompt for the request's life). Only the blocks from the
+        # prefix's last partial one on are hashed.
         start = len(hashes) * bs
         lt = len(tokens)
-        full = (lt + len(piece)) // bs * bs
+        full = (lt + len(last)) // bs * bs
         if full > start:
             parent = hashes[-1] if hashes else None
+            span: Sequence[int]
             if start < lt:
-                span = (*tokens[start:], *piece[: full - lt])
+                span = (*tokens[start:], *last[: full - lt])
             else:
-                span = piece[start - lt : full - lt]
+                span = last[start - lt : full - lt]
             hashes = hashes + tuple(block_hashes(span, bs, parent=parent, salt=salt))
-        return (JoinedTokens(tokens, piece) if tokens else piece), hashes
+        return JoinedTokens(tokens, last), hashes
 
     def _encode(self, piece: str) -> tuple[int, ...]:
         # Tokenizer.encode(piece): special tokens are separators, so it is the parts'

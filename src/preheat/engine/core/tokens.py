@@ -8,8 +8,11 @@ prompt's length and its last partial block (to hash the blocks its output fills)
 PyPy every such copy that is still in flight at a minor collection is copied out of the
 nursery and traced pointer by pointer: ``JoinedTokens`` holds the two parts instead.
 
-It is an immutable ``Sequence[int]``: ``len``, indexing, slices (a tuple), iteration and
-``in`` behave as on ``head + tail``, so the scheduler keeps it as it keeps a tuple.
+The fleet simulator passes its prefix tuple and the request's own ids as a list: PyPy
+keeps a list's ints unboxed, while each id put into a new tuple is a boxed int, one more
+object per id to copy out of the nursery. It is an immutable ``Sequence[int]``: ``len``,
+indexing, slices (tuples), iteration and ``in`` behave as on ``head + tail``, so the
+scheduler keeps it as it keeps a tuple.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ __all__ = ["JoinedTokens"]
 
 
 class JoinedTokens(Sequence[int]):
-    """``head + tail`` as a read-only sequence that shares both tuples."""
+    """``head + tail`` as a read-only sequence that shares both parts (tuples, or a list
+    that the caller hands over and no longer changes); slices are tuples."""
 
     __slots__ = ("_len", "head", "tail")
 
-    def __init__(self, head: tuple[int, ...], tail: tuple[int, ...]) -> None:
+    def __init__(self, head: Sequence[int], tail: Sequence[int]) -> None:
         self.head = head
         self.tail = tail
         self._len = len(head) + len(tail)
@@ -48,10 +52,10 @@ class JoinedTokens(Sequence[int]):
             if step != 1:
                 return tuple(self)[i]
             if stop <= lh:
-                return head[start:stop]
+                return tuple(head[start:stop])
             if start >= lh:
-                return self.tail[start - lh : stop - lh]
-            return head[start:] + self.tail[: stop - lh]
+                return tuple(self.tail[start - lh : stop - lh])
+            return (*head[start:], *self.tail[: stop - lh])
         if i < 0:
             i += self._len
         if 0 <= i < lh:
@@ -77,5 +81,5 @@ class JoinedTokens(Sequence[int]):
     def __repr__(self) -> str:
         return f"JoinedTokens({self.head!r}, {self.tail!r})"
 
-    def __reduce__(self) -> tuple[type[JoinedTokens], tuple[tuple[int, ...], tuple[int, ...]]]:
+    def __reduce__(self) -> tuple[type[JoinedTokens], tuple[Sequence[int], Sequence[int]]]:
         return JoinedTokens, (self.head, self.tail)
