@@ -27,7 +27,13 @@ runs them in it):
 5. **Replicas.** Scale and roll per variant (``rollout.py``), placing new replicas on
    warm nodes first (``placement.py``).
 6. **Clean-up.** A revision on a node that no variant wants and no replica uses any more
-   is deleted from that node (after a rollout: the old version's cache).
+   is deleted from that node (after a rollout: the old version's cache). During a rollout
+   the superseded (stable) revision is kept for a rollback, except on a node where the
+   variant's new revision is ``unfit`` only for want of room (``retry_at`` set: pinned,
+   leased or reserved copies hold it; ``0`` means the disk can never hold it) while the
+   node holds the superseded copy and no replica uses it there: that copy is deleted so
+   the new revision fits (a pinned old copy would otherwise stall the rollout for good).
+   A rollback then starts on the nodes that still serve the old revision, or fetches.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from preheat.control.revocation import substitute
 from preheat.control.rollout import effective_version, rollback_needed, step_variant
 from preheat.control.state import (
     Action,
+    CacheView,
     DeleteRevision,
     Desired,
     Notice,
@@ -191,12 +198,32 @@ def plan(
         set(effective.values())
         | {revision_of(st.stable) for st in statuses.values() if st.stable is not None}
     ) - revoked
+    # A superseded revision yields its room to its own variant's new revision.
+    superseded = {
+        (effective[name], revision_of(st.stable))
+        for name, st in statuses.items()
+        if st.stable is not None and revision_of(st.stable) != effective[name]
+    }
     for node in observed.nodes:
         if not node.up:
             continue
+        yields = {
+            old
+            for new, old in superseded
+            if old not in effective.values()
+            and _wants_room(node.cache_of(new))
+            and node.holds(old)
+            and (node.name, old) not in in_use
+        }
         for rev, c in node.cache:
-            if rev in wanted_revs or (node.name, rev) in in_use:
+            if (rev in wanted_revs and rev not in yields) or (node.name, rev) in in_use:
                 continue
             if c.state in ("ready", "failed"):
                 out.append(DeleteRevision(node.name, rev))
     return tuple(out)
+
+
+def _wants_room(view: CacheView) -> bool:
+    """An ``unfit`` revision that fits the disk once other copies go (its reporter set a
+    ``retry_at``; ``0`` means the disk can never hold it)."""
+    return view.state == "unfit" and view.retry_at > 0.0
