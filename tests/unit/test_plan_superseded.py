@@ -11,6 +11,7 @@ from preheat.control.state import (
     DesiredVariant,
     NodeView,
     Observed,
+    OpenGate,
     ReplicaView,
     VariantStatus,
     WeightsPolicy,
@@ -21,7 +22,13 @@ NEW = "sha256-2222222222222222"
 OTHER = "sha256-3333333333333333"
 
 #: Room held by other copies (a pinned old one): the reporter looks again at ``retry_at``.
-NO_ROOM = CacheView("unfit", reason="100 GB needed, 50 GB free, 100 GB pinned", retry_at=60.0)
+NO_ROOM = CacheView(
+    "unfit", reason="100 GB needed, 50 GB free, 100 GB pinned", retry_at=60.0, short_of_room=True
+)
+#: Room held by a warmed copy no replica used (warm-ups spare it): retried with backoff.
+DEFERRED = CacheView(
+    "failed", reason="1 warmed copy no replica used", retry_at=60.0, short_of_room=True
+)
 #: The disk itself is too small: nothing frees it.
 TOO_SMALL = CacheView("unfit", reason="bigger than the disk", retry_at=0.0)
 
@@ -60,8 +67,26 @@ def test_an_unused_superseded_copy_yields_to_the_new_revision_that_lacks_room() 
         _node("b", (OLD, CacheView("ready")), (NEW, NO_ROOM)),  # idle copy: yields
         _node("c", (OLD, CacheView("ready")), (NEW, CacheView("ready"))),  # fits: kept
         _node("d", (OLD, CacheView("ready")), (NEW, CacheView("warming"))),  # kept
+        _node("e", (OLD, CacheView("ready")), (NEW, DEFERRED)),  # spared copy: yields
     )
-    assert _deletes(_desired(("main", NEW)), obs) == [DeleteRevision("b", OLD)]
+    assert _deletes(_desired(("main", NEW)), obs) == [
+        DeleteRevision("b", OLD),
+        DeleteRevision("e", OLD),
+    ]
+
+
+def test_the_gate_does_not_wait_for_a_node_short_of_room() -> None:
+    """A node whose warm-up of the new revision is short of room (here: it still serves
+    the old one, whose lease holds the room) is not waited for: the rollout the gate
+    would hold up is what frees it. The old gate counted a ``failed`` one and waited for
+    its timeout."""
+    leased = CacheView("failed", reason="the rest is leased", retry_at=60.0, short_of_room=True)
+    obs = _rolling(
+        _node("a", (OLD, CacheView("ready")), (NEW, leased)),
+        _node("b", (NEW, CacheView("ready"))),
+    )
+    opened = [a for a in plan(_desired(("main", NEW)), obs) if isinstance(a, OpenGate)]
+    assert opened == [OpenGate("main", NEW, 1, 1)]
 
 
 def test_a_new_revision_the_disk_can_never_hold_keeps_the_old_copy() -> None:

@@ -66,13 +66,15 @@ class Fills(FleetState):
         if isinstance(got, Refusal):
             if got.permanent:
                 self.failed_views[(node_name, revision)] = unfit_view(got)
-                if not got.for_good:  # the planner may free the room (a superseded pin)
-                    self.dirty.add(model)
             else:
                 # Retried when this node's space changes (``space_changed``), not on a timer.
                 self.failed_views[(node_name, revision)] = CacheView(
-                    "failed", reason=got.reason, retry_at=_NEVER
+                    "failed", reason=got.reason, retry_at=_NEVER, short_of_room=True
                 )
+            if not got.for_good and any(
+                r != revision and model_of(r) == model for r in node.snaps
+            ):  # the planner may give it a superseded copy's room (``control.plan`` step 6)
+                self.dirty.add(model)
             return
         self.warmups += 1
         spec = self.models[model].spec
@@ -160,7 +162,7 @@ class Fills(FleetState):
         for key in [
             k
             for k, v in self.failed_views.items()
-            if k[0] == node and v.state == "unfit" and v.retry_at > 0.0
+            if k[0] == node and v.state == "unfit" and v.short_of_room
         ]:
             del self.failed_views[key]
             self.dirty.add(model_of(key[1]))
@@ -179,4 +181,6 @@ class Fills(FleetState):
 def unfit_view(got: Refusal) -> CacheView:
     """The planner's view of a permanent refusal: ``unfit``, for good when the disk itself
     is too small (``retry_at`` 0), else until a pinned copy leaves (``pins_freed``)."""
-    return CacheView("unfit", reason=got.reason, retry_at=0.0 if got.for_good else _NEVER)
+    if got.for_good:
+        return CacheView("unfit", reason=got.reason)
+    return CacheView("unfit", reason=got.reason, retry_at=_NEVER, short_of_room=True)
