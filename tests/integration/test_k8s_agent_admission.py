@@ -132,6 +132,22 @@ def test_a_warm_up_never_evicts_an_unused_warmed_copy(world: World) -> None:
     assert "WarmupDeferred" in str(failure) and "warmed copy" in str(failure), failure
 
 
+def test_a_warmed_copy_no_cache_wants_any_more_gives_its_room(world: World) -> None:
+    """Once the first copy's ``ModelDataCache`` is deleted (a rollout finished, say), that
+    copy is no warm-up's work any more: the deferred warm-up's next retry evicts it and
+    fills. The old agent spared every unused warmed copy, wanted or not, so the second
+    warm-up was deferred for good."""
+    kube = world.kube
+    first, second = _revision(world, "s1"), _revision(world, "s2")
+    assert _ready(kube, NODE, first) and not _ready(kube, NODE, second)  # the test above
+    kube.rest().must("DELETE", f"/apis/preheat.dev/v1alpha1/namespaces/{NS}/modeldatacaches/s1")
+    until("s2 Ready", lambda: _ready(kube, NODE, second), timeout=60)
+    status = _nodecache(kube, NODE)["status"]
+    held = {r["revision"] for r in status["revisions"] if r["state"] == "Ready"}
+    assert held == {second}, status["revisions"]
+    assert not NodeStore(world.agent.store).has(first)
+
+
 class PlainAgent(Agent):
     """An agent without peer flags whose settings and slot Leases are this module's."""
 

@@ -23,8 +23,10 @@ GB = 10**9
 RELEASE_AT = 3600.0
 
 
-def _catalog(*, releases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _catalog(*, releases: list[dict[str, Any]] | None = None, pin: bool = False) -> dict[str, Any]:
     m: dict[str, Any] = {"name": "m", "size": "100GB", "popularity": 1, "max_replicas": 4}
+    if pin:
+        m.update(pin=True, priority=5)
     if releases is not None:
         m["releases"] = releases
     return {
@@ -34,7 +36,9 @@ def _catalog(*, releases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     }
 
 
-def _run(tmp_path: Path, policy: str, *, release: bool = True, **kw: Any) -> ColdStartResult:
+def _run(
+    tmp_path: Path, policy: str, *, release: bool = True, pin: bool = False, **kw: Any
+) -> ColdStartResult:
     """Two replicas of a 100 GB model all along (32 in flight), on 4 nodes with 1 TB, an
     origin of 2 GB/s; with ``release``, a new revision at 1 h."""
     trace = tmp_path / "trace.jsonl"
@@ -49,7 +53,7 @@ def _run(tmp_path: Path, policy: str, *, release: bool = True, **kw: Any) -> Col
         "seed": 1,
     }
     args.update(kw)
-    cat = catalog_from_dict(_catalog(releases=[{"at": "1h"}] if release else None))
+    cat = catalog_from_dict(_catalog(releases=[{"at": "1h"}] if release else None, pin=pin))
     setup, rng = prepare(models=cat, **args)
     return simulate(setup, rng)
 
@@ -144,6 +148,28 @@ def test_superseded_copies_go_once_unused_and_are_evicted_under_pressure(
     for res in (roomy, tight):
         assert res.summary["superseded_bytes_at_end"] == 0
         assert all("rev-m" not in n.snaps for n in res.world.nodes.values())
+
+
+def test_a_pinned_old_revision_yields_its_room_to_the_new_one_on_a_tight_disk(
+    tmp_path: Path,
+) -> None:
+    """``priority`` pins the model on every node; each 150 GB disk holds one 100 GB copy.
+    At the release the planner deletes the pinned old copy from the nodes no replica uses
+    (the live rule, ``control.plan`` step 6), the new revision warms there and the rollout
+    finishes; then the last old copies go. Before, the new revision was ``unfit`` beside
+    the pin everywhere and the rollout never finished."""
+    res = _run(tmp_path, "priority", pin=True, nvme="150GB")
+    out = res.summary
+    assert out["rollouts_finished"] == 1 and out["rollouts_unfinished"] == 0, out
+    assert out["rollout_s"]["max_s"] < 900, out["rollout_s"]
+    live = [(r.revision, r.phase) for r in res.world.replicas.values()]
+    assert live == [("rev-m@1", "ready"), ("rev-m@1", "ready")]
+    gone = sorted(node for _, node, rev in res.world.deleted if rev == "rev-m")
+    assert gone == ["node-000", "node-001", "node-002", "node-003"]
+    # the first deletions come at the release: room for the new revision on idle nodes
+    assert min(t for t, _, _ in res.world.deleted) == RELEASE_AT
+    # the new copies are pinned in turn
+    assert all(n.snaps["rev-m@1"].pinned for n in res.world.nodes.values() if n.holds("rev-m@1"))
 
 
 @pytest.mark.parametrize(

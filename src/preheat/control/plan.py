@@ -21,13 +21,24 @@ runs them in it):
    (default one per revision), the rest wait for a node to hold the revision and then
    warm from it.
 4. **Gate.** Replicas of a revision are not created until ``minReady`` target nodes hold
-   it (default: every target node that can hold it). The gate opens once per revision
+   it (default: every target node that can hold it: not ``unfit``, and not
+   ``short_of_room``, which a node still serving the old revision is until the rollout
+   the gate would hold up drains it). The gate opens once per revision
    and stays open (a later node loss does not stop scaling). After
    ``timeoutSeconds`` of waiting it opens anyway, and says so.
 5. **Replicas.** Scale and roll per variant (``rollout.py``), placing new replicas on
    warm nodes first (``placement.py``).
 6. **Clean-up.** A revision on a node that no variant wants and no replica uses any more
-   is deleted from that node (after a rollout: the old version's cache).
+   is deleted from that node (after a rollout: the old version's cache). During a rollout
+   the superseded (stable) revision is kept for a rollback, except on a node where the
+   variant's new revision's warm-up is ``short_of_room`` (``unfit`` or ``failed`` because
+   other copies hold the room: pinned, leased, reserved, or warmed and never used; not
+   a disk too small for it) while the node holds the superseded copy and no replica uses
+   it there: that copy is deleted so the new revision fits. A pinned old copy, or one a
+   warm-up made and no replica used (which warm-ups spare), would otherwise keep the
+   new revision off the node until the rollout finished, and the gate waiting for it
+   until its timeout. A rollback then starts where the old revision still serves, or
+   fetches.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from preheat.control.revocation import substitute
 from preheat.control.rollout import effective_version, rollback_needed, step_variant
 from preheat.control.state import (
     Action,
+    CacheView,
     DeleteRevision,
     Desired,
     Notice,
@@ -63,7 +75,7 @@ def gate(
     if not policy.enabled or revision in status.gate_open:
         return None
     targets = [n for n in observed.nodes if n.up and n.target]
-    fit = [n for n in targets if n.cache_of(revision).state != "unfit"]
+    fit = [n for n in targets if _can_hold(n.cache_of(revision))]
     needed = policy.min_ready if policy.min_ready is not None else len(fit)
     ready_nodes = [n.name for n in fit if n.holds(revision)]
     ready = len(ready_nodes)
@@ -74,6 +86,13 @@ def gate(
         return OpenGate(variant, revision, ready, needed, timed_out=True)
     waiting_on = tuple(n.name for n in fit if not n.holds(revision))
     return WaitGate(variant, revision, ready, needed, waiting_on)
+
+
+def _can_hold(view: CacheView) -> bool:
+    """Whether the gate waits for this node: not ``unfit``, and not short of room (other
+    copies hold it: on a node still serving the old revision that waits for the rollout
+    the gate holds up, until the gate's timeout)."""
+    return view.state != "unfit" and not view.short_of_room
 
 
 def _warms(observed: Observed, effective: dict[str, str], budget: Budget | None) -> list[Warm]:
@@ -191,11 +210,25 @@ def plan(
         set(effective.values())
         | {revision_of(st.stable) for st in statuses.values() if st.stable is not None}
     ) - revoked
+    # A superseded revision yields its room to its own variant's new revision.
+    superseded = {
+        (effective[name], revision_of(st.stable))
+        for name, st in statuses.items()
+        if st.stable is not None and revision_of(st.stable) != effective[name]
+    }
     for node in observed.nodes:
         if not node.up:
             continue
+        yields = {
+            old
+            for new, old in superseded
+            if old not in effective.values()
+            and node.cache_of(new).short_of_room
+            and node.holds(old)
+            and (node.name, old) not in in_use
+        }
         for rev, c in node.cache:
-            if rev in wanted_revs or (node.name, rev) in in_use:
+            if (rev in wanted_revs and rev not in yields) or (node.name, rev) in in_use:
                 continue
             if c.state in ("ready", "failed"):
                 out.append(DeleteRevision(node.name, rev))

@@ -130,6 +130,10 @@ class CacheView:
     reason: str = ""
     #: A failed warm-up may be retried at or after this time (``observed.now`` scale).
     retry_at: float = 0.0
+    #: The last warm-up (``failed`` or ``unfit``) found no room the node could give now:
+    #: other copies hold it (pinned, leased, reserved, or warmed and not used yet), so
+    #: deleting one may let it fit (``control.plan`` step 6).
+    short_of_room: bool = False
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,13 @@ class WarmState(StrEnum):
     UNFIT = "unfit"
 
 
-def cache_view(state: WarmState, reason: str = "", retry_at: float = 0.0) -> CacheView:
+def cache_view(
+    state: WarmState, reason: str = "", retry_at: float = 0.0, *, short_of_room: bool = False
+) -> CacheView:
     """The planner's ``CacheView`` of a warm-up state (its ``state`` is the enum's value)."""
-    return CacheView(cast(CacheState, state.value), reason=reason, retry_at=retry_at)
+    return CacheView(
+        cast(CacheState, state.value), reason=reason, retry_at=retry_at, short_of_room=short_of_room
+    )
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class Warmer:
             node.warm_failures[revision] += 1
             delay = backoff(n)
             node.views[revision] = cache_view(
-                WarmState.FAILED, reason=why, retry_at=st.clock.now() + delay
+                WarmState.FAILED, reason=why, retry_at=st.clock.now() + delay, short_of_room=True
             )
             if n == 0:
                 st.say(f"warm-up of {revision[:12]} on {node.name} waits: {why}")
@@ -224,11 +224,14 @@ class Warmer:
             n = node.warm_failures[revision]
             retry_at = 0.0  # the model is bigger than the node's store: for good
             bound = await _store_bound(node)
-            if rv.model_bytes <= bound * node.cache.store.high_watermark:
+            short = rv.model_bytes <= bound * node.cache.store.high_watermark
+            if short:
                 # It fits once other fills finish or copies are released: look again.
                 node.warm_failures[revision] += 1
                 retry_at = st.clock.now() + backoff(n)
-            node.views[revision] = cache_view(WarmState.UNFIT, reason=why, retry_at=retry_at)
+            node.views[revision] = cache_view(
+                WarmState.UNFIT, reason=why, retry_at=retry_at, short_of_room=short
+            )
             node.last_failure = WarmupFailure(revision, why, st.clock.wall())
             if n == 0:
                 st.say(f"{node.name} cannot hold {revision[:12]}: {why}")

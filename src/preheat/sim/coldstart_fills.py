@@ -65,12 +65,16 @@ class Fills(FleetState):
         got = self._fill(node, revision, "warm")
         if isinstance(got, Refusal):
             if got.permanent:
-                self.failed_views[(node_name, revision)] = CacheView("unfit", reason=got.reason)
+                self.failed_views[(node_name, revision)] = unfit_view(got)
             else:
                 # Retried when this node's space changes (``space_changed``), not on a timer.
                 self.failed_views[(node_name, revision)] = CacheView(
-                    "failed", reason=got.reason, retry_at=_NEVER
+                    "failed", reason=got.reason, retry_at=_NEVER, short_of_room=True
                 )
+            if not got.for_good and any(
+                r != revision and model_of(r) == model for r in node.snaps
+            ):  # the planner may give it a superseded copy's room (``control.plan`` step 6)
+                self.dirty.add(model)
             return
         self.warmups += 1
         spec = self.models[model].spec
@@ -152,6 +156,17 @@ class Fills(FleetState):
             del self.failed_views[key]
             self.dirty.add(model_of(key[1]))
 
+    def pins_freed(self, node: str) -> None:
+        """A pinned copy left this node: the revisions it held out (``unfit`` with a
+        ``retry_at``) may fit now: let the planner warm them again."""
+        for key in [
+            k
+            for k, v in self.failed_views.items()
+            if k[0] == node and v.state == "unfit" and v.short_of_room
+        ]:
+            del self.failed_views[key]
+            self.dirty.add(model_of(key[1]))
+
     def cancel_fill(self, fill: Fill) -> None:
         self.net.remove(fill.transfer)
         self.by_transfer.pop(fill.transfer, None)
@@ -161,3 +176,11 @@ class Fills(FleetState):
             node.release(fill.revision)
             self.space_changed(node.name)
         self.origin_freed()
+
+
+def unfit_view(got: Refusal) -> CacheView:
+    """The planner's view of a permanent refusal: ``unfit``, for good when the disk itself
+    is too small (``retry_at`` 0), else until a pinned copy leaves (``pins_freed``)."""
+    if got.for_good:
+        return CacheView("unfit", reason=got.reason)
+    return CacheView("unfit", reason=got.reason, retry_at=_NEVER, short_of_room=True)

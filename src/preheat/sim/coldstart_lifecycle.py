@@ -22,9 +22,9 @@ waited for is cancelled.
 
 from __future__ import annotations
 
-from preheat.control.state import CacheView, StartReplica
+from preheat.control.state import StartReplica
 from preheat.sim.coldstart_config import ModelSpec, model_of
-from preheat.sim.coldstart_fills import Fills
+from preheat.sim.coldstart_fills import Fills, unfit_view
 from preheat.sim.coldstart_replicas import ModelState, SimReplica, start_record
 from preheat.sim.coldstart_store import NodeDisk, Refusal
 from preheat.telemetry.classify import StartContext, StartReason, classify_start
@@ -92,7 +92,7 @@ class Lifecycle(Fills):
         got = self._fill(node, r.revision, r.id)
         if isinstance(got, Refusal):
             if got.permanent:
-                self.failed_views[(r.node, r.revision)] = CacheView("unfit", reason=got.reason)
+                self.failed_views[(r.node, r.revision)] = unfit_view(got)
             r.weights_source = "origin"
             self._end(r, "failed", f"no room for the weights: {got.reason}")
             ms.start_failures += 1

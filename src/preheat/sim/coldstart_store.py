@@ -47,10 +47,12 @@ class Eviction:
 @dataclass(frozen=True)
 class Refusal:
     """A fill could not get room. ``permanent``: even an empty disk (pins aside) is too
-    small, so the revision is ``unfit`` here; otherwise leases hold the space for now."""
+    small, so the revision is ``unfit`` here while the pins stay (``for_good``: the disk
+    itself is too small); otherwise leases hold the space for now."""
 
     reason: str
     permanent: bool
+    for_good: bool = False
 
 
 @dataclass
@@ -104,6 +106,7 @@ class NodeDisk:
                 f"{self.name} cannot hold {_gb(size)}: capacity "
                 f"{_gb(self.capacity)} with {_gb(pinned)} pinned",
                 permanent=True,
+                for_good=size > self.capacity,
             )
         need = size - self.free
         evicted: list[Eviction] = []

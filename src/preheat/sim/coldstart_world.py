@@ -92,5 +92,7 @@ class World(Lifecycle):
                 del node.snaps[a.revision]
                 self.deleted.append((self.agenda.now, a.node, a.revision))
                 self.space_changed(a.node)
+                if snap.pinned:
+                    self.pins_freed(a.node)
         elif isinstance(a, Notice) and len(self.notices) < 100:
             self.notices.append(a.text)

@@ -8,9 +8,13 @@ them): once admitted (after its origin admission, with peers) it passes those co
 ``spare`` to the store's pull, whose reservation evicts by plan around them under the
 store's lock, or fails with ``WarmupDeferred`` (the numbers in ``lastFailure``) and is
 retried with the back-off, until a pod's lease of a copy frees that copy for eviction, or
-room appears. In Kubernetes mode every pull into the node store is a warm-up (a cold pod
-pulls into its own ``emptyDir``, ``snapshot_init``), so only the store's other rules
-(pins, leases, priority) decide beyond that."""
+room appears. Only copies some targeting cache still wants are spared: a copy no cache
+wants any more (its ``ModelDataCache`` deleted after a rollout, or no longer targeting
+the node) is unpinned with priority 0 and is the first eviction takes, not a warm-up's
+work to protect (sparing it kept its room from every later warm-up for good). In
+Kubernetes mode every pull into the node store is a warm-up (a cold pod pulls into its
+own ``emptyDir``, ``snapshot_init``), so only the store's other rules (pins, leases,
+priority) decide beyond that."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.artifacts.refs import redact_url
-from preheat.errors import PreheatError
+from preheat.errors import InsufficientSpace, PreheatError
 from preheat.runtime.kubernetes.agent_config import AgentConfig
 from preheat.runtime.kubernetes.agent_metrics import AgentMetrics
 from preheat.runtime.warm_room import WarmCopies
@@ -43,6 +47,8 @@ class Warm:
     revision: str | None
     state: str = "Filling"
     done: int = 0
+    #: ``NoRoom`` while the last failure was the store's ``InsufficientSpace``.
+    reason: str = ""
     task: asyncio.Task[None] | None = None
 
 
@@ -68,12 +74,26 @@ class Warmups:
         self.puller: Callable[..., Awaitable[PullResult]] | None = None
         #: This agent's warm-ups' copies no pod has used yet (spared by later warm-ups).
         self.copies = WarmCopies()
+        #: Revisions (or, unresolved, sources) the targeting caches want
+        #: (``apply_policies``); None until the first call: every unused copy is spared.
+        self.targeted: frozenset[str] | None = None
 
     async def room(self, source: str, revision: str | None) -> frozenset[str]:
         """The ``spare`` of a warm-up's fill: the store's warmed copies no pod has used
         yet (module docstring; the store raises ``WarmupDeferred`` when only those could
-        make the room)."""
-        return await asyncio.to_thread(self.copies.unused, self.store)
+        make the room); only the copies a targeting cache still wants."""
+        return await asyncio.to_thread(self._spare)
+
+    def _spare(self) -> frozenset[str]:
+        unused = self.copies.unused(self.store)
+        targeted = self.targeted
+        if not unused or targeted is None:
+            return unused
+        return frozenset(
+            s.digest
+            for s in self.store.snapshots()
+            if s.digest in unused and not targeted.isdisjoint((s.digest, *s.revisions, *s.refs))
+        )
 
     def apply_policies(self, targeting: list[dict[str, Any]]) -> None:
         """Pin a held snapshot while a targeting cache says ``pin``, give it the highest
@@ -81,12 +101,15 @@ class Warmups:
         (the agent owns the store in Kubernetes mode)."""
         pin: dict[str, bool] = {}
         prio: dict[str, int] = {}
+        sources: set[str] = set()
         for spec in targeting:
             rev = spec.get("revision") or self.resolved.get(spec["source"])
-            if rev is None:
+            if rev is None:  # not resolved yet (a restart): spare its copy by its ref
+                sources.add(spec["source"])
                 continue
             pin[rev] = pin.get(rev, False) or bool(spec.get("pin"))
             prio[rev] = max(prio.get(rev, 0), int(spec.get("priority") or 0))
+        self.targeted = frozenset(pin) | sources
         for info in self.store.snapshots():
             keys = [*info.revisions, info.digest]
             want_pin = any(pin.get(k, False) for k in keys)
@@ -133,7 +156,7 @@ class Warmups:
         while True:
             try:
                 async with self._sem:
-                    w.state, w.done = "Filling", 0
+                    w.state, w.done, w.reason = "Filling", 0, ""
                     self._dirty.set()
 
                     def progress(done: int, total: int) -> None:
@@ -168,6 +191,7 @@ class Warmups:
             except Exception as exc:  # every failure is retried; the reason is reported
                 self.metrics.warmups.labels("failed").inc()
                 w.state = "Failed"
+                w.reason = "NoRoom" if isinstance(exc, InsufficientSpace) else ""
                 reason = f"{type(exc).__name__}: {exc}"
                 self.last_failure = WarmupFailure(w.revision or w.source, reason, time.time())
                 log.warning("warm-up of %s failed, retry in %.1f s: %s",

@@ -38,6 +38,10 @@ def nodecache_status_props() -> dict[str, Schema]:
                     "leases": integer(minimum=0),
                     "lastUsed": string(format="date-time"),
                     "readyAt": string("When the snapshot arrived.", format="date-time"),
+                    "reason": string(
+                        "Why a Failed fill failed: NoRoom when the store cannot make room "
+                        "now (pinned, leased or reserved copies hold it; retried)."
+                    ),
                 },
                 required=("revision", "state"),
             )

@@ -91,11 +91,15 @@ def free_form(description: str) -> Schema:
     }
 
 
-def node_selector() -> Schema:
-    return obj(
-        {
-            "names": array(string(), "Explicit node names."),
-            "selector": str_map("Node labels that must all match."),
-        },
-        "Target nodes: names or a label selector (empty: every node).",
-    )
+def node_selector(*, exclude: bool = False) -> Schema:
+    """Target nodes; ``exclude`` adds the operator-written list of nodes taken out of the
+    targets (a ``ModelDataCache`` whose revision gave up a node, ``control.plan`` step 6)."""
+    props: dict[str, Schema] = {
+        "names": array(string(), "Explicit node names."),
+        "selector": str_map("Node labels that must all match."),
+    }
+    if exclude:
+        props["exclude"] = array(
+            string(), "Nodes taken out of the targets (the operator: no longer kept there)."
+        )
+    return obj(props, "Target nodes: names or a label selector (empty: every node).")

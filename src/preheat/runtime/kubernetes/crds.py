@@ -222,7 +222,7 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
             {
                 "source": string("Artifact ref of the model."),
                 "revision": string("Manifest digest (immutable identity of the snapshot)."),
-                "nodes": node_selector(),
+                "nodes": node_selector(exclude=True),
                 "minReady": integer(minimum=0),
                 "priority": integer(),
                 "pin": boolean(),

@@ -20,8 +20,10 @@ StopReplica       a pod on a lost node (or a failed one) is deleted at once, so 
 AddRoute          nothing: the router follows the variant Service's EndpointSlices
 FinishRollout     ``stable`` in status; the old cache is no longer wanted
 Rollback          the version is marked failed; the Deployment goes back to stable
-DeleteRevision    the unwanted revision's ``ModelDataCache`` is deleted (its finalizer
-                  holds it until no pod runs that revision)
+DeleteRevision    the unwanted revision's ``ModelDataCache`` is deleted once no pod runs
+                  that revision; while pods elsewhere still do, the node is added to
+                  its ``spec.nodes.exclude`` (the node's agent unpins the copy and
+                  lets eviction take it: a superseded pin yields its room)
 Notice            status message + Event
 Revoked           ``Degraded=True Revoked`` (no fallback) or ``Progressing=True
                   RollingToFallback``, and a ``Revoked`` Event (``revocations``)
@@ -42,6 +44,8 @@ and API helpers of :mod:`.k8s_executor_base`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -64,6 +68,7 @@ from preheat.control.state import (
 from preheat.runtime.kubernetes.crds import GROUP, VERSION
 from preheat.runtime.kubernetes.k8s_executor_base import (
     _CACHES,
+    _MERGE,
     EmitFn,
     OperatorConfig,
     _iso,
@@ -71,6 +76,7 @@ from preheat.runtime.kubernetes.k8s_executor_base import (
 )
 from preheat.runtime.kubernetes.k8s_observe import Observer
 from preheat.runtime.kubernetes.k8s_sync import WorkloadSync
+from preheat.runtime.kubernetes.nodecache_status import targets_node
 from preheat.runtime.kubernetes.workload import cache_body, cache_name
 
 __all__ = ["EmitFn", "KubeExecutor", "OperatorConfig"]
@@ -194,6 +200,7 @@ class KubeExecutor(Observer, WorkloadSync):
             return
         replicas = self.p.observed.replicas if self.p.observed else ()
         if any(r.revision == action.revision for r in replicas):
+            await self._release_node(cache, name, action)
             return
         try:
             await self._call(
@@ -208,6 +215,29 @@ class KubeExecutor(Observer, WorkloadSync):
             self.emit(self.p.endpoint, "Normal", "CacheDeleted",
                       f"ModelDataCache {name}: revision {_short(action.revision)} is no longer "
                       "wanted (rollout finished)")  # fmt: skip
+
+    async def _release_node(self, cache: dict[str, Any], name: str, action: DeleteRevision) -> None:
+        """Pods elsewhere still run the revision: take only ``action.node`` out of the
+        cache's targets (``spec.nodes.exclude``), so that node's agent stops keeping it."""
+        nodes = dict(cache["spec"].get("nodes") or {})
+        excluded = list(nodes.get("exclude") or ())
+        if action.node in excluded:
+            return
+        node = next((n for n in self.p.nodes if n["metadata"]["name"] == action.node), None)
+        labels = (node or {}).get("metadata", {}).get("labels") or {}
+        if node is None or not targets_node(cache["spec"], action.node, labels):
+            return  # the node does not keep it: nothing to release
+        nodes["exclude"] = sorted({*excluded, action.node})
+        patched = await self._call(
+            self.custom.patch_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, _CACHES, name, {"spec": {"nodes": nodes}},
+            _content_type=_MERGE,
+        )  # fmt: skip
+        self.p.caches[name] = patched
+        if self.p.endpoint is not None:
+            self.emit(self.p.endpoint, "Normal", "CacheReleased",
+                      f"ModelDataCache {name}: revision {_short(action.revision)} is no longer "
+                      f"kept on {action.node} (no pod there runs it)")  # fmt: skip
 
     async def notice(self, action: Notice, /) -> None:
         self._count(action)

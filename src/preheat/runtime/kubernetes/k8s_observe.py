@@ -214,8 +214,15 @@ class Observer(ExecutorBase):
             state = {"Ready": "ready", "Filling": "warming", "Failed": "failed"}.get(
                 r.get("state", ""), "warming"
             )
-            # The agent retries a failed fill itself; the operator never re-creates.
-            out[r["revision"]] = CacheView(state, reason="", retry_at=float("inf"))  # type: ignore[arg-type]
+            # The agent retries a failed fill itself; the operator never re-creates. A
+            # fill that failed for room other copies hold (``NoRoom``) lets the planner
+            # give it a superseded copy's room (``control.plan`` step 6).
+            out[r["revision"]] = CacheView(
+                state,  # type: ignore[arg-type]
+                reason=str(r.get("reason") or ""),
+                retry_at=float("inf"),
+                short_of_room=state == "failed" and r.get("reason") == "NoRoom",
+            )
         return out
 
     def _observed(self, p: _Pass) -> Observed:

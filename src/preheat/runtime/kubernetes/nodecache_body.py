@@ -80,7 +80,8 @@ def held_revisions(infos: Iterable[SnapshotInfo]) -> list[HeldRevision]:
 def pending_revisions(warms: Iterable[Warm]) -> list[WantedRevision]:
     """The status rows of the warm-ups in flight (sources redacted)."""
     return [
-        WantedRevision(w.revision or redact_url(w.source), w.source, w.state, w.done) for w in warms
+        WantedRevision(w.revision or redact_url(w.source), w.source, w.state, w.done, w.reason)
+        for w in warms
     ]
 
 

@@ -61,8 +61,11 @@ def revision_labels_patch(current: Mapping[str, str], held: Iterable[str]) -> di
 
 
 def targets_node(spec: Mapping[str, Any], node: str, labels: Mapping[str, str]) -> bool:
-    """Whether a ``ModelDataCache`` spec targets ``node`` (names, else selector, else all)."""
+    """Whether a ``ModelDataCache`` spec targets ``node`` (names, else selector, else all;
+    never a node in ``exclude``)."""
     nodes = spec.get("nodes") or {}
+    if node in (nodes.get("exclude") or ()):
+        return False
     names = nodes.get("names") or []
     selector = nodes.get("selector") or {}
     if names and node in names:
@@ -93,6 +96,8 @@ class WantedRevision:
     source: str
     state: str  # Filling | Failed
     bytes_done: int = 0
+    #: Why a ``Failed`` fill failed: ``NoRoom`` (the store cannot make room now), or "".
+    reason: str = ""
 
 
 def _condition(
@@ -172,6 +177,7 @@ def nodecache_status(
             "state": p.state,
             "pinned": False,
             "leases": 0,
+            "reason": p.reason or None,
         }
         for p in pending
     ]
