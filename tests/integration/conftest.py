@@ -39,7 +39,10 @@ needs are flags every test cluster is started with.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +59,12 @@ def kube_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
         pytest.skip(str(exc))
     with kube_cluster(tmp_path_factory.mktemp("kube"), crds=True, bin_dir=bin_dir) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def web_root() -> Iterator[Path]:
+    """A directory nginx's unprivileged workers can read (pytest's tmp_path is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="preheat-origin-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,15 +95,6 @@ async def test_warm_nodes_preferred_cold_fallback_succeeds(tmp_path: Path, model
             assert NodeStore(tmp_path / "nodes" / node).leases(rev) == [rep["id"]]
     for node in by_node:  # stopped replicas released them
         assert NodeStore(tmp_path / "nodes" / node).leases(rev) == []
-
-
-@pytest.fixture
-def web_root() -> Iterator[Path]:
-    """A directory nginx's unprivileged workers can read (pytest's tmp_path is 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="preheat-origin-"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_rollout_under_load_has_no_failed_request(tmp_path: Path, web_root: Path) -> None:

@@ -5,9 +5,6 @@ gate's timeout (unpinned: a warm-up spares another warm-up's copy no replica use
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +17,6 @@ from preheat.testing.origins import nginx_origin
 pytestmark = pytest.mark.timeout(120)
 
 MB = 1_000_000
-
-
-@pytest.fixture
-def web_root() -> Iterator[Path]:
-    """A directory nginx's unprivileged workers can read (pytest's tmp_path is 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="preheat-origin-"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _alone(base: Path, node: str, revision: str, pinned: bool) -> bool:

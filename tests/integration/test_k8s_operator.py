@@ -222,22 +222,28 @@ def world(kube_session: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -
                     print("\nk8s operator numbers:", json.dumps(world.numbers, indent=1))
 
 
-def _start(world: World) -> None:
-    kube, base = world.kube, world.base
-    for name, labels in NODES.items():
-        kube.add_node(name, labels=labels, cpu="4")
-    rbac = [  # the settings Roles too: every agent reads preheat-settings (OriginOnly)
+def apply_rbac(kube: KubeCluster, source: str, namespace: str) -> None:
+    """The rendered system RBAC (the settings Roles too: every agent reads
+    preheat-settings, OriginOnly) and the endpoint ``chat``'s router RBAC in ``namespace``."""
+    rbac = [
         m for m in system_manifests()
         if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
         or (m["kind"] in {"Role", "RoleBinding"} and m["metadata"]["namespace"] == "preheat-system")
     ]  # fmt: skip
-    spec = parse_endpoint({"name": "chat", "model": {"source": world.models["v1"][0]}}, origin="t")
+    spec = parse_endpoint({"name": "chat", "model": {"source": source}}, origin="t")
     router_rbac = [
         o
-        for o in endpoint_manifests(spec, namespace=NS)
+        for o in endpoint_manifests(spec, namespace=namespace)
         if o["kind"] in {"ServiceAccount", "Role", "RoleBinding"}
     ]
     kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac + router_rbac))
+
+
+def _start(world: World) -> None:
+    kube, base = world.kube, world.base
+    for name, labels in NODES.items():
+        kube.add_node(name, labels=labels, cpu="4")
+    apply_rbac(kube, world.models["v1"][0], NS)
     agent_conf = kube.sa_kubeconfig(base / "agent.kubeconfig", "preheat-system", "preheat-agent")
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     for name in NODES:

@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from preheat.bench.models import generate_model, write_http_manifest
 from preheat.control.spec import parse_endpoint
-from preheat.runtime.kubernetes.render import endpoint_manifests, system_manifests
 from preheat.runtime.kubernetes.resources import PodOverrides, endpoint_object
 from preheat.runtime.procs import start_process
 from preheat.store import NodeStore
@@ -37,6 +35,7 @@ from preheat.testing.kubespace import kube_share
 from preheat.testing.kubewait import until
 from preheat.testing.origins import nginx_origin
 from preheat.testing.procs import Process, free_port
+from tests.integration.test_k8s_operator import apply_rbac
 
 pytestmark = pytest.mark.kubernetes
 
@@ -145,18 +144,7 @@ def _start(world: World) -> None:
     kube, base = world.kube, world.base
     for name in NODES:
         kube.add_node(name, labels={"pool": "pin"}, cpu="4")
-    rbac = [
-        m for m in system_manifests()
-        if m["kind"] in {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-        or (m["kind"] in {"Role", "RoleBinding"} and m["metadata"]["namespace"] == "preheat-system")
-    ]  # fmt: skip
-    spec = parse_endpoint({"name": "chat", "model": {"source": world.models["v1"][0]}}, origin="t")
-    router_rbac = [
-        o
-        for o in endpoint_manifests(spec, namespace=NS)
-        if o["kind"] in {"ServiceAccount", "Role", "RoleBinding"}
-    ]
-    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac + router_rbac))
+    apply_rbac(kube, world.models["v1"][0], NS)
     agent_conf = kube.sa_kubeconfig(base / "agent.kubeconfig", "preheat-system", "preheat-agent")
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     for name in NODES:
