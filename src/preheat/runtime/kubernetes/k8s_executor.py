@@ -21,9 +21,9 @@ AddRoute          nothing: the router follows the variant Service's EndpointSlic
 FinishRollout     ``stable`` in status; the old cache is no longer wanted
 Rollback          the version is marked failed; the Deployment goes back to stable
 DeleteRevision    the unwanted revision's ``ModelDataCache`` is deleted once no pod runs
-                  that revision; while pods elsewhere still do, the node is added to
-                  its ``spec.nodes.exclude`` (the node's agent unpins the copy and
-                  lets eviction take it: a superseded pin yields its room)
+                  that revision; while it is kept for a rollback (stable) and pods
+                  elsewhere run it, the node is added to its ``spec.nodes.exclude``
+                  (the node's agent unpins the copy and lets eviction take it)
 Notice            status message + Event
 Revoked           ``Degraded=True Revoked`` (no fallback) or ``Progressing=True
                   RollingToFallback``, and a ``Revoked`` Event (``revocations``)
@@ -200,7 +200,11 @@ class KubeExecutor(Observer, WorkloadSync):
             return
         replicas = self.p.observed.replicas if self.p.observed else ()
         if any(r.revision == action.revision for r in replicas):
-            await self._release_node(cache, name, action)
+            # Kept for a rollback (a variant's stable revision) but not on this node: let
+            # it go here only. After the rollout the whole cache goes once no pod runs it.
+            kept = {revision_of(m.stable) for m in self.memory.values() if m.stable}
+            if action.revision in kept:
+                await self._release_node(cache, name, action)
             return
         try:
             await self._call(
