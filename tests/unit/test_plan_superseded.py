@@ -14,6 +14,7 @@ from preheat.control.state import (
     OpenGate,
     ReplicaView,
     VariantStatus,
+    WaitGate,
     WeightsPolicy,
 )
 
@@ -76,8 +77,8 @@ def test_an_unused_superseded_copy_yields_to_the_new_revision_that_lacks_room() 
 
 
 def test_the_gate_does_not_wait_for_a_node_short_of_room() -> None:
-    """A node whose warm-up of the new revision is short of room (here: it still serves
-    the old one, whose lease holds the room) is not waited for: the rollout the gate
+    """A node whose warm-up of the new revision is short of room while it still serves
+    the old one (whose lease holds the room) is not waited for: the rollout the gate
     would hold up is what frees it. The old gate counted a ``failed`` one and waited for
     its timeout."""
     leased = CacheView("failed", reason="the rest is leased", retry_at=60.0, short_of_room=True)
@@ -87,6 +88,21 @@ def test_the_gate_does_not_wait_for_a_node_short_of_room() -> None:
     )
     opened = [a for a in plan(_desired(("main", NEW)), obs) if isinstance(a, OpenGate)]
     assert opened == [OpenGate("main", NEW, 1, 1)]
+
+
+def test_the_gate_waits_for_an_idle_node_short_of_room() -> None:
+    """A node short of room where no replica of the variant runs is waited for (its old
+    copy is deleted in the same pass, and it warms next), so a fleet short of room
+    everywhere does not open the gate at 0 of 0 and start cold."""
+    obs = _rolling(
+        _node("a", (OLD, CacheView("ready")), (NEW, NO_ROOM)),  # serves OLD: left out
+        _node("b", (OLD, CacheView("ready")), (NEW, NO_ROOM)),  # idle: waited for
+    )
+    acts = plan(_desired(("main", NEW)), obs)
+    waits = [a for a in acts if isinstance(a, WaitGate)]
+    assert [(w.ready, w.needed, w.waiting_on) for w in waits] == [(0, 1, ("b",))]
+    assert not [a for a in acts if isinstance(a, OpenGate)]
+    assert [a for a in acts if isinstance(a, DeleteRevision)] == [DeleteRevision("b", OLD)]
 
 
 def test_a_new_revision_the_disk_can_never_hold_keeps_the_old_copy() -> None:

@@ -168,6 +168,8 @@ def test_a_pinned_old_revision_yields_its_room_to_the_new_one_on_a_tight_disk(
     assert gone == ["node-000", "node-001", "node-002", "node-003"]
     # the first deletions come at the release: room for the new revision on idle nodes
     assert min(t for t, _, _ in res.world.deleted) == RELEASE_AT
+    # the gate waited for the freed nodes (not 0 of 0): both new replicas start warm
+    assert out["classes"]["new_version"]["misses"] == 0, out["classes"]["new_version"]
     # the new copies are pinned in turn
     assert all(n.snaps["rev-m@1"].pinned for n in res.world.nodes.values() if n.holds("rev-m@1"))
 

@@ -21,9 +21,9 @@ runs them in it):
    (default one per revision), the rest wait for a node to hold the revision and then
    warm from it.
 4. **Gate.** Replicas of a revision are not created until ``minReady`` target nodes hold
-   it (default: every target node that can hold it: not ``unfit``, and not
-   ``short_of_room``, which a node still serving the old revision is until the rollout
-   the gate would hold up drains it). The gate opens once per revision
+   it (default: every target node that can hold it: not ``unfit`` for good, and not
+   short of room while a replica of another revision of the variant runs there: the
+   rollout the gate would hold up is what frees that node). The gate opens once per revision
    and stays open (a later node loss does not stop scaling). After
    ``timeoutSeconds`` of waiting it opens anyway, and says so.
 5. **Replicas.** Scale and roll per variant (``rollout.py``), placing new replicas on
@@ -75,7 +75,12 @@ def gate(
     if not policy.enabled or revision in status.gate_open:
         return None
     targets = [n for n in observed.nodes if n.up and n.target]
-    fit = [n for n in targets if _can_hold(n.cache_of(revision))]
+    serving = {
+        r.node
+        for r in observed.replicas
+        if r.variant == variant and r.revision != revision and r.phase != "stopped"
+    }
+    fit = [n for n in targets if _can_hold(n.cache_of(revision), n.name in serving)]
     needed = policy.min_ready if policy.min_ready is not None else len(fit)
     ready_nodes = [n.name for n in fit if n.holds(revision)]
     ready = len(ready_nodes)
@@ -88,11 +93,14 @@ def gate(
     return WaitGate(variant, revision, ready, needed, waiting_on)
 
 
-def _can_hold(view: CacheView) -> bool:
-    """Whether the gate waits for this node: not ``unfit``, and not short of room (other
-    copies hold it: on a node still serving the old revision that waits for the rollout
-    the gate holds up, until the gate's timeout)."""
-    return view.state != "unfit" and not view.short_of_room
+def _can_hold(view: CacheView, serving_old: bool) -> bool:
+    """Whether the gate waits for this node: not ``unfit``, and not short of room where
+    the variant's other revision still serves (that copy's room comes free only when
+    the rollout the gate holds up drains it). A node short of room elsewhere is waited
+    for: step 6 may give it a superseded copy's room, or space may come free."""
+    if view.short_of_room:
+        return not serving_old
+    return view.state != "unfit"
 
 
 def _warms(observed: Observed, effective: dict[str, str], budget: Budget | None) -> list[Warm]:
