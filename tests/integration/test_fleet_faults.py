@@ -32,14 +32,10 @@ from preheat.testing.fleet import (
     start_records,
 )
 from preheat.testing.origins import nginx_origin
-from tests.integration import test_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
 MB = 1_000_000
-
-#: nginx's unprivileged workers need a readable root (pytest's tmp_path is 0700).
-web_root = test_fleet.web_root
 
 
 def _stored_bytes(store: Path) -> int:
