@@ -157,8 +157,8 @@ class Fills(FleetState):
             self.dirty.add(model_of(key[1]))
 
     def pins_freed(self, node: str) -> None:
-        """A pinned copy left this node: the revisions it held out (``unfit`` with a
-        ``retry_at``) may fit now: let the planner warm them again."""
+        """A pinned copy left this node: the revisions it held out (``unfit`` and
+        ``short_of_room``) may fit now: let the planner warm them again."""
         for key in [
             k
             for k, v in self.failed_views.items()
